@@ -1,0 +1,88 @@
+//! Concurrency: at most `limit` units held at once, each under a lease that expires.
+//!
+//! `acquire` takes `cost` units under a fresh lease id and `release` gives them back. A lease
+//! that is never released (its holder crashed) stops counting `lease` after it was taken, so
+//! capacity cannot leak for longer than that.
+//!
+//! Lua twin: `concurrency.lua`. Redis state: a sorted set with one member per held unit,
+//! `"<lease id>:<n>"`, scored by the lease's expiry.
+
+use std::collections::BTreeMap;
+
+use super::{Report, Verdict, to_i64};
+use crate::Period;
+use crate::decision::LeaseId;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Concurrency {
+    pub limit: u64,
+    pub lease: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Held {
+    units: u64,
+    expires_at: i64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct State {
+    leases: BTreeMap<LeaseId, Held>,
+    total: u64,
+}
+
+impl Concurrency {
+    pub fn new(limit: u64, lease: Period) -> Self {
+        Concurrency { limit, lease: to_i64(lease.as_micros()) }
+    }
+
+    pub fn refresh(&self, s: &mut State, now: i64) {
+        s.leases.retain(|_, held| held.expires_at > now);
+        s.total = s.leases.values().map(|held| held.units).sum();
+    }
+
+    pub fn decide(&self, s: &State, now: i64, probe: u64) -> Verdict {
+        if s.total + probe <= self.limit {
+            return Verdict::ADMIT;
+        }
+        // Without releases, the cost fits once the `excess` soonest-expiring units have expired.
+        let excess = s.total + probe - self.limit;
+        let mut by_expiry: Vec<&Held> = s.leases.values().collect();
+        by_expiry.sort_by_key(|held| held.expires_at);
+        let mut seen = 0;
+        for held in by_expiry {
+            seen += held.units;
+            if seen >= excess {
+                return Verdict::wait(held.expires_at - now);
+            }
+        }
+        Verdict::wait(self.lease) // unreachable: probe <= limit, so excess <= total
+    }
+
+    pub fn acquire(&self, s: &mut State, now: i64, n: u64, id: &LeaseId) {
+        s.leases.insert(id.clone(), Held { units: n, expires_at: now + self.lease });
+        s.total += n;
+    }
+
+    pub fn release(&self, s: &mut State, id: &LeaseId, units: u64) {
+        if let Some(held) = s.leases.get_mut(id) {
+            let freed = units.min(held.units);
+            held.units -= freed;
+            s.total -= freed;
+            if held.units == 0 {
+                s.leases.remove(id);
+            }
+        }
+    }
+
+    pub fn report(&self, s: &State, now: i64) -> Report {
+        Report {
+            remaining: self.limit.saturating_sub(s.total),
+            reset_after: self.expires_at(s).map_or(0, |t| t - now),
+        }
+    }
+
+    pub fn expires_at(&self, s: &State) -> Option<i64> {
+        s.leases.values().map(|held| held.expires_at).max()
+    }
+}

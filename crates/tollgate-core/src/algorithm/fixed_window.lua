@@ -1,0 +1,67 @@
+-- Fixed window. Rust twin: fixed_window.rs (same phases, same arithmetic).
+-- State: a hash {s = window start, c = count}; no key is a count of zero.
+local fixed_window = {}
+
+local ALIGN_CLOCK = 0
+
+-- args: limit, period, align (0 clock, 1 first hit)
+function fixed_window.load(key, now, limit, period, align)
+  local v = hnumbers(key, 's', 'c')
+  local st = {key = key, limit = limit, period = period, clock = align == ALIGN_CLOCK,
+              start = v[1], count = v[2]}
+  if st.clock then
+    local start = floor_div(now, period) * period
+    if st.start ~= start then
+      st.start = start
+      st.count = 0
+    end
+  elseif st.count > 0 and now >= st.start + period then
+    st.start = 0
+    st.count = 0
+  end
+  return st
+end
+
+local function window_end(st, now)
+  if not st.clock and st.count == 0 then
+    return now + st.period
+  end
+  return st.start + st.period
+end
+
+local function save(st, now)
+  if st.count > 0 then
+    redis.call('HSET', st.key, 's', int(st.start), 'c', int(st.count))
+    expire_at(st.key, st.start + st.period, now)
+  else
+    redis.call('DEL', st.key)
+  end
+end
+
+function fixed_window.decide(st, now, probe)
+  if st.count + probe <= st.limit then
+    return true, 0
+  end
+  return false, window_end(st, now) - now
+end
+
+function fixed_window.consume(st, now, n)
+  if not st.clock and st.count == 0 then
+    st.start = now
+  end
+  st.count = st.count + n
+  save(st, now)
+end
+
+function fixed_window.refund(st, now, n)
+  st.count = math.max(st.count - n, 0)
+  save(st, now)
+end
+
+function fixed_window.report(st, now)
+  local reset_after = 0
+  if st.count > 0 then
+    reset_after = window_end(st, now) - now
+  end
+  return math.max(st.limit - st.count, 0), reset_after
+end

@@ -1,0 +1,88 @@
+//! Fixed window: at most `limit` units per window of `period`.
+//!
+//! Windows either sit on multiples of the period since the Unix epoch (`Align::Clock`: every key
+//! rolls over at the same instant, as most INCR+EXPIRE limiters do) or open at a key's first
+//! request (`Align::FirstHit`, as OBP-API and rate-limiter-flexible do). Either way a caller can
+//! spend a whole window's limit at its end and another at the start of the next: up to
+//! `2 * limit` in a span of a little more than one period. The sliding-window rules exist for
+//! callers to whom that matters.
+//!
+//! Lua twin: `fixed_window.lua`. Redis state: a hash `{s = window start, c = count}`.
+
+use super::{Report, Verdict, floor_div, to_i64};
+use crate::{Align, Period};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FixedWindow {
+    pub limit: u64,
+    pub period: i64,
+    pub align: Align,
+}
+
+/// The current window's start and count; a count of zero is no window at all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct State {
+    start: i64,
+    count: u64,
+}
+
+impl FixedWindow {
+    pub fn new(limit: u64, period: Period, align: Align) -> Self {
+        FixedWindow { limit, period: to_i64(period.as_micros()), align }
+    }
+
+    pub fn refresh(&self, s: &mut State, now: i64) {
+        match self.align {
+            Align::Clock => {
+                let start = floor_div(now, self.period) * self.period;
+                if s.start != start {
+                    *s = State { start, count: 0 };
+                }
+            }
+            Align::FirstHit => {
+                if s.count > 0 && now >= s.start + self.period {
+                    *s = State::default();
+                }
+            }
+        }
+    }
+
+    /// The end of the current window, or of the one a request now would open.
+    fn window_end(&self, s: &State, now: i64) -> i64 {
+        match self.align {
+            Align::FirstHit if s.count == 0 => now + self.period,
+            _ => s.start + self.period,
+        }
+    }
+
+    pub fn decide(&self, s: &State, now: i64, probe: u64) -> Verdict {
+        if s.count + probe <= self.limit {
+            Verdict::ADMIT
+        } else {
+            // A fresh window admits any cost up to the limit.
+            Verdict::wait(self.window_end(s, now) - now)
+        }
+    }
+
+    pub fn consume(&self, s: &mut State, now: i64, n: u64) {
+        if self.align == Align::FirstHit && s.count == 0 {
+            s.start = now;
+        }
+        s.count += n;
+    }
+
+    pub fn refund(&self, s: &mut State, n: u64) {
+        s.count = s.count.saturating_sub(n);
+    }
+
+    pub fn report(&self, s: &State, now: i64) -> Report {
+        Report {
+            remaining: self.limit.saturating_sub(s.count),
+            reset_after: if s.count > 0 { self.window_end(s, now) - now } else { 0 },
+        }
+    }
+
+    pub fn expires_at(&self, s: &State) -> Option<i64> {
+        (s.count > 0).then_some(s.start + self.period)
+    }
+}

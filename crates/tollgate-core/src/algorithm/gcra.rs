@@ -1,0 +1,194 @@
+//! GCRA, the generic cell rate algorithm, with exact rational time; also the engine of the
+//! token bucket (see `token_bucket.rs`).
+//!
+//! One unit is emitted every `T = period / rate`; a bucket of `capacity` units is full when idle.
+//! Instead of a token count the state is the *theoretical arrival time* `tat`: the instant the
+//! bucket will be full again. At `now` the bucket holds `capacity - (tat - now) / T` units; a
+//! cost `n` is admitted if `max(tat, now) + n*T - now <= capacity*T`, and then `tat` becomes
+//! `max(tat, now) + n*T`. No refill loop, no stored token count, nothing lost to `floor()`.
+//!
+//! `T` is rarely a whole number of microseconds (1 s / 3), so times are kept exactly as a whole
+//! number of microseconds plus a fraction `frac / den` of one, where `T = num / den` reduced.
+//! Every product stays below 2^53 (checked when the rule is built), so the Lua twin, whose
+//! numbers are doubles, computes the same values.
+//!
+//! Lua twin: `gcra.lua`. Redis state: a hash `{t = tat's whole microseconds, f = its fraction}`.
+
+use std::cmp::Ordering;
+
+use super::{Report, Verdict, to_i64};
+use crate::limits::{MAX_EXACT, MAX_FILL_MICROS};
+
+/// A span or instant: `whole + frac / den` microseconds, `0 <= frac < den`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Micros {
+    whole: i64,
+    frac: i64,
+}
+
+impl Micros {
+    const ZERO: Micros = Micros { whole: 0, frac: 0 };
+
+    fn whole(whole: i64) -> Micros {
+        Micros { whole, frac: 0 }
+    }
+
+    /// The smallest whole number of microseconds at or after this.
+    fn ceil(self) -> i64 {
+        self.whole + i64::from(self.frac > 0)
+    }
+}
+
+/// Parameters whose exact arithmetic would not fit in 53 bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Inexact;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Gcra {
+    pub capacity: u64,
+    /// `T = quotient + remainder / den` microseconds.
+    quotient: i64,
+    remainder: i64,
+    den: i64,
+    /// `T * den`, the reduced numerator.
+    num: i64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct State {
+    /// When the bucket is full again; zero when it is full now.
+    tat: Micros,
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+impl Gcra {
+    /// A bucket of `capacity` units refilled at `units` per `per_micros` microseconds.
+    pub fn new(capacity: u64, per_micros: u64, units: u64) -> Result<Gcra, Inexact> {
+        let g = gcd(per_micros, units);
+        let (num, den) = (per_micros / g, units / g);
+        let exact = u128::from(capacity) * u128::from(den) <= u128::from(MAX_EXACT)
+            && u128::from(capacity) * u128::from(num) / u128::from(den) <= u128::from(MAX_FILL_MICROS);
+        if !exact {
+            return Err(Inexact);
+        }
+        let (num, den) = (to_i64(num), to_i64(den));
+        Ok(Gcra { capacity, quotient: num / den, remainder: num % den, den, num })
+    }
+
+    /// `k * T`, exactly.
+    fn times(&self, k: u64) -> Micros {
+        let k = to_i64(k);
+        let parts = k * self.remainder;
+        Micros { whole: k * self.quotient + parts / self.den, frac: parts % self.den }
+    }
+
+    fn add(&self, a: Micros, b: Micros) -> Micros {
+        let frac = a.frac + b.frac;
+        let carry = i64::from(frac >= self.den);
+        Micros { whole: a.whole + b.whole + carry, frac: frac - carry * self.den }
+    }
+
+    /// `a - b`, for `a >= b`.
+    fn sub(&self, a: Micros, b: Micros) -> Micros {
+        let frac = a.frac - b.frac;
+        let borrow = i64::from(frac < 0);
+        Micros { whole: a.whole - b.whole - borrow, frac: frac + borrow * self.den }
+    }
+
+    /// Time until the bucket is full: `max(tat - now, 0)`.
+    fn debt(&self, s: &State, now: i64) -> Micros {
+        let now = Micros::whole(now);
+        if s.tat > now { self.sub(s.tat, now) } else { Micros::ZERO }
+    }
+
+    /// `T` as `[quotient, remainder, den]`: `quotient + remainder / den` microseconds.
+    pub fn interval(&self) -> [i64; 3] {
+        [self.quotient, self.remainder, self.den]
+    }
+
+    pub fn refresh(&self, s: &mut State, now: i64) {
+        if s.tat <= Micros::whole(now) {
+            s.tat = Micros::ZERO;
+        }
+    }
+
+    pub fn decide(&self, s: &State, now: i64, probe: u64) -> Verdict {
+        let needed = self.add(self.debt(s, now), self.times(probe));
+        let room = self.times(self.capacity);
+        if needed <= room { Verdict::ADMIT } else { Verdict::wait(self.sub(needed, room).ceil()) }
+    }
+
+    pub fn consume(&self, s: &mut State, now: i64, n: u64) {
+        let debt = self.add(self.debt(s, now), self.times(n));
+        s.tat = self.add(debt, Micros::whole(now));
+    }
+
+    pub fn refund(&self, s: &mut State, now: i64, n: u64) {
+        let (debt, back) = (self.debt(s, now), self.times(n));
+        s.tat = if debt > back { self.add(self.sub(debt, back), Micros::whole(now)) } else { Micros::ZERO };
+    }
+
+    /// Units short of full: the smallest `k` with `k * T >= debt`, at most `capacity`.
+    fn units_owed(&self, debt: Micros) -> u64 {
+        if debt > self.times(self.capacity) {
+            return self.capacity;
+        }
+        // Estimate in floating point, then settle exactly; the estimate is off by at most one.
+        let estimate = (debt.whole as f64 * self.den as f64 + debt.frac as f64) / self.num as f64;
+        let mut k = (estimate.floor().max(0.0) as u64).min(self.capacity);
+        while k < self.capacity && self.times(k) < debt {
+            k += 1;
+        }
+        while k > 0 && self.times(k - 1) >= debt {
+            k -= 1;
+        }
+        k
+    }
+
+    pub fn report(&self, s: &State, now: i64) -> Report {
+        let debt = self.debt(s, now);
+        Report { remaining: self.capacity - self.units_owed(debt), reset_after: debt.ceil() }
+    }
+
+    pub fn expires_at(&self, s: &State) -> Option<i64> {
+        match s.tat.cmp(&Micros::ZERO) {
+            Ordering::Greater => Some(s.tat.ceil()),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_third_of_a_second_is_exact() {
+        let g = Gcra::new(3, 1_000_000, 3).unwrap();
+        assert_eq!(g.times(1), Micros { whole: 333_333, frac: 1 });
+        assert_eq!(g.times(3), Micros::whole(1_000_000));
+        assert_eq!(g.add(g.times(2), g.times(1)), Micros::whole(1_000_000));
+        assert_eq!(g.sub(g.times(3), g.times(1)), g.times(2));
+    }
+
+    #[test]
+    fn refuses_parameters_beyond_exact_range() {
+        assert_eq!(Gcra::new(1_000_000_000_000, 1_000_001, 999_999_937), Err(Inexact));
+        assert!(Gcra::new(1_000, 86_400_000_000, 7).is_ok());
+        // A million tokens at 7 a day would take 390 years to refill.
+        assert_eq!(Gcra::new(1_000_000, 86_400_000_000, 7), Err(Inexact));
+    }
+
+    #[test]
+    fn units_owed_is_the_exact_ceiling() {
+        let g = Gcra::new(10, 1_000_000, 3).unwrap();
+        for k in 0..10 {
+            let t = g.times(k);
+            assert_eq!(g.units_owed(t), k);
+            assert_eq!(g.units_owed(g.add(t, Micros { whole: 0, frac: 1 })), k + 1);
+        }
+    }
+}

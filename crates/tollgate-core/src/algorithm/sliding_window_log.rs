@@ -1,0 +1,92 @@
+//! Sliding window log: exactly at most `limit` units in any interval of `period`.
+//!
+//! The log keeps the time of every admitted unit for one period, so it never admits more than
+//! `limit` in any sliding period, at the price of one entry per unit (hence
+//! [`MAX_LOG_LIMIT`](crate::limits::MAX_LOG_LIMIT)). An entry made at `t` counts while
+//! `now < t + period`.
+//!
+//! Lua twin: `sliding_window_log.lua`. Redis state: a sorted set, one member per unit, scored by
+//! its time; members are `"<time>:<ordinal>"` with the ordinal zero-padded, so that among units of
+//! the same microsecond the newest sorts last (refunds take the newest first).
+
+use std::collections::BTreeMap;
+
+use super::{Report, Verdict, to_i64};
+use crate::Period;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SlidingWindowLog {
+    pub limit: u64,
+    pub period: i64,
+}
+
+/// Admitted units by time, and their total.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct State {
+    units: BTreeMap<i64, u64>,
+    total: u64,
+}
+
+impl SlidingWindowLog {
+    pub fn new(limit: u64, period: Period) -> Self {
+        SlidingWindowLog { limit, period: to_i64(period.as_micros()) }
+    }
+
+    pub fn refresh(&self, s: &mut State, now: i64) {
+        // Entries at or before `now - period` have left the window.
+        let kept = s.units.split_off(&(now - self.period + 1));
+        let expired = std::mem::replace(&mut s.units, kept);
+        s.total -= expired.values().sum::<u64>();
+    }
+
+    pub fn decide(&self, s: &State, now: i64, probe: u64) -> Verdict {
+        if s.total + probe <= self.limit {
+            return Verdict::ADMIT;
+        }
+        // The cost fits once the oldest `excess` units have left the window.
+        let excess = s.total + probe - self.limit;
+        let mut seen = 0;
+        for (&time, &count) in &s.units {
+            seen += count;
+            if seen >= excess {
+                return Verdict::wait(time + self.period - now);
+            }
+        }
+        Verdict::wait(self.period) // unreachable: probe <= limit, so excess <= total
+    }
+
+    pub fn consume(&self, s: &mut State, now: i64, n: u64) {
+        *s.units.entry(now).or_default() += n;
+        s.total += n;
+    }
+
+    /// Gives back the newest `n` units.
+    pub fn refund(&self, s: &mut State, n: u64) {
+        let mut left = n.min(s.total);
+        s.total -= left;
+        while left > 0 {
+            let Some(mut newest) = s.units.last_entry() else { break };
+            let taken = left.min(*newest.get());
+            *newest.get_mut() -= taken;
+            left -= taken;
+            if *newest.get() == 0 {
+                newest.remove();
+            }
+        }
+    }
+
+    fn newest(s: &State) -> Option<i64> {
+        s.units.last_key_value().map(|(&time, _)| time)
+    }
+
+    pub fn report(&self, s: &State, now: i64) -> Report {
+        Report {
+            remaining: self.limit.saturating_sub(s.total),
+            reset_after: Self::newest(s).map_or(0, |t| t + self.period - now),
+        }
+    }
+
+    pub fn expires_at(&self, s: &State) -> Option<i64> {
+        Self::newest(s).map(|t| t + self.period)
+    }
+}

@@ -1,0 +1,60 @@
+//! [`Backend`]: where rule states live. Implemented by [`MemoryBackend`](crate::MemoryBackend)
+//! here and by `tollgate_redis::RedisBackend`; both give identical decisions.
+
+use async_trait::async_trait;
+
+use crate::decision::{Acquisition, Lease, LeaseId};
+use crate::{Decision, Error, Operation, RuleSet};
+
+/// A store of rule states that runs [`Operation`]s atomically.
+///
+/// Backends implement [`execute`](Backend::execute) and [`reset`](Backend::reset); the other
+/// methods are conveniences over them.
+///
+/// ```
+/// use tollgate_core::{Backend, MemoryBackend, Period, Rule, RuleSet};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let backend = MemoryBackend::new();
+/// let rules = RuleSet::new([Rule::fixed_window(2, Period::MINUTE)]).unwrap();
+/// assert!(backend.check("user:7", &rules, 1).await.unwrap().allowed());
+/// assert!(backend.check("user:7", &rules, 1).await.unwrap().allowed());
+/// let denied = backend.check("user:7", &rules, 1).await.unwrap();
+/// assert!(!denied.allowed());
+/// assert!(denied.retry_after() > std::time::Duration::ZERO);
+/// # }
+/// ```
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// Runs `op` on `key`'s state under `rules`, atomically.
+    async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error>;
+
+    /// Forgets `key`'s state under `rules` (every rule back to full; leases dropped).
+    async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error>;
+
+    /// Admits `cost` units if every rule allows, all or nothing; a cost of 0 peeks.
+    async fn check(&self, key: &str, rules: &RuleSet, cost: u64) -> Result<Decision, Error> {
+        self.execute(key, rules, Operation::Check { cost }).await
+    }
+
+    /// Like [`check`](Backend::check), and concurrency rules hold the units under a new lease
+    /// until [`release`](Backend::release)d or expired.
+    async fn acquire(&self, key: &str, rules: &RuleSet, cost: u64) -> Result<Acquisition, Error> {
+        let id = LeaseId::random();
+        let decision = self.execute(key, rules, Operation::Acquire { cost, lease: &id }).await?;
+        let taken = decision.allowed() && cost > 0 && rules.has_concurrency();
+        let lease = taken.then_some(Lease { id, units: cost });
+        Ok(Acquisition { decision, lease })
+    }
+
+    /// Gives back a lease's units; reports the state after, as a peek.
+    async fn release(&self, key: &str, rules: &RuleSet, lease: &Lease) -> Result<Decision, Error> {
+        self.execute(key, rules, Operation::Release { lease }).await
+    }
+
+    /// Gives back `amount` units consumed for cancelled work; reports the state after, as a peek.
+    async fn refund(&self, key: &str, rules: &RuleSet, amount: u64) -> Result<Decision, Error> {
+        self.execute(key, rules, Operation::Refund { amount }).await
+    }
+}

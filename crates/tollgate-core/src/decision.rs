@@ -1,0 +1,198 @@
+//! [`Decision`]: what a check answers, rule by rule, and [`Lease`]: what an acquire hands out.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Algorithm;
+
+/// One rule's part of a [`Decision`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuleOutcome {
+    /// The rule's name, if it has one.
+    pub name: Option<Arc<str>>,
+    /// The rule's algorithm.
+    pub algorithm: Algorithm,
+    /// Whether this rule alone would admit the request.
+    pub allowed: bool,
+    /// The most units the rule admits at once (its `limit`; `capacity` for a token bucket and
+    /// `burst` for GCRA).
+    pub limit: u64,
+    /// Units a request could still take now, after this decision.
+    pub remaining: u64,
+    /// Time until the rule is back to full (zero when it is full).
+    pub reset_after: Duration,
+    /// Time until the same cost would be admitted by this rule (zero when it is).
+    pub retry_after: Duration,
+}
+
+/// The answer to a check: admitted or not, with every rule's state.
+///
+/// A check is all-or-nothing: the request is admitted only if every rule admits it, and a denied
+/// request consumes nothing. The headline [`limit`](Decision::limit),
+/// [`remaining`](Decision::remaining) and [`reset_after`](Decision::reset_after) are those of the
+/// most restrictive rule ([`binding`](Decision::binding)): when denied, the one that makes the
+/// caller wait longest; when admitted, the one with the fewest units left.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    outcomes: Vec<RuleOutcome>,
+    allowed: bool,
+    binding: usize,
+}
+
+impl Decision {
+    /// A decision from its rules' outcomes (in the rule set's order); admitted when every rule
+    /// admits.
+    ///
+    /// # Panics
+    /// If `outcomes` is empty: a rule set always has at least one rule.
+    pub fn from_outcomes(outcomes: Vec<RuleOutcome>) -> Self {
+        assert!(!outcomes.is_empty(), "a decision needs at least one rule outcome");
+        let allowed = outcomes.iter().all(|o| o.allowed);
+        let by_key = |i: &usize| {
+            let o = &outcomes[*i];
+            // Denied: the longest wait binds. Admitted: the fewest units left, then the longest
+            // time to full.
+            if allowed {
+                (u64::MAX - o.remaining, o.reset_after)
+            } else {
+                (u64::from(!o.allowed), o.retry_after)
+            }
+        };
+        // max_by_key keeps the last of equals; iterate in reverse so the first rule wins ties.
+        let binding = (0..outcomes.len()).rev().max_by_key(by_key).unwrap_or(0);
+        Decision { outcomes, allowed, binding }
+    }
+
+    /// Whether the request was admitted (by every rule).
+    pub fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// The most restrictive rule's outcome.
+    pub fn binding(&self) -> &RuleOutcome {
+        &self.outcomes[self.binding]
+    }
+
+    /// The binding rule's limit.
+    pub fn limit(&self) -> u64 {
+        self.binding().limit
+    }
+
+    /// The binding rule's remaining units.
+    pub fn remaining(&self) -> u64 {
+        self.binding().remaining
+    }
+
+    /// The binding rule's time until it is back to full.
+    pub fn reset_after(&self) -> Duration {
+        self.binding().reset_after
+    }
+
+    /// Time until the same cost would be admitted by every rule (zero when admitted): the
+    /// longest of the rules' waits.
+    pub fn retry_after(&self) -> Duration {
+        self.outcomes.iter().map(|o| o.retry_after).max().unwrap_or_default()
+    }
+
+    /// Every rule's outcome, in the rule set's order.
+    pub fn rules(&self) -> &[RuleOutcome] {
+        &self.outcomes
+    }
+}
+
+/// The identity of a lease: 32 hexadecimal digits, random.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseId(Arc<str>);
+
+impl LeaseId {
+    /// A fresh random lease id.
+    pub fn random() -> Self {
+        LeaseId(uuid::Uuid::new_v4().simple().to_string().into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Units held under the concurrency rules of a rule set; give them back with `release`.
+///
+/// A lease that is never released expires after each rule's `lease` duration, so a crashed
+/// holder cannot keep capacity forever.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The lease's identity.
+    pub id: LeaseId,
+    /// Units held (the cost it was acquired with).
+    pub units: u64,
+}
+
+/// The answer to an acquire: the decision, and the lease when units were taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Acquisition {
+    /// The decision, as a check would report it.
+    pub decision: Decision,
+    /// The lease, present when the request was admitted with a cost above zero under at least
+    /// one concurrency rule.
+    pub lease: Option<Lease>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(allowed: bool, remaining: u64, reset: u64, retry: u64) -> RuleOutcome {
+        RuleOutcome {
+            name: None,
+            algorithm: Algorithm::FixedWindow,
+            allowed,
+            limit: 10,
+            remaining,
+            reset_after: Duration::from_secs(reset),
+            retry_after: Duration::from_secs(retry),
+        }
+    }
+
+    #[test]
+    fn admitted_headline_is_the_rule_with_fewest_left() {
+        let d = Decision::from_outcomes(vec![
+            outcome(true, 5, 1, 0),
+            outcome(true, 2, 1, 0),
+            outcome(true, 2, 9, 0),
+        ]);
+        assert!(d.allowed());
+        assert_eq!(d.remaining(), 2);
+        assert_eq!(d.reset_after(), Duration::from_secs(9));
+        assert_eq!(d.retry_after(), Duration::ZERO);
+    }
+
+    #[test]
+    fn denied_headline_is_the_longest_wait() {
+        let d = Decision::from_outcomes(vec![
+            outcome(true, 0, 50, 0),
+            outcome(false, 0, 3, 3),
+            outcome(false, 1, 7, 7),
+        ]);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_secs(7));
+        assert_eq!(d.remaining(), 1);
+        assert_eq!(d.reset_after(), Duration::from_secs(7));
+    }
+
+    #[test]
+    fn ties_go_to_the_first_rule() {
+        let mut a = outcome(true, 3, 4, 0);
+        a.name = Some("first".into());
+        let d = Decision::from_outcomes(vec![a, outcome(true, 3, 4, 0)]);
+        assert_eq!(d.binding().name.as_deref(), Some("first"));
+    }
+}

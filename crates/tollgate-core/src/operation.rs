@@ -1,0 +1,84 @@
+//! [`Operation`]: what a backend is asked to do to one key's state under a rule set.
+
+use crate::decision::{Lease, LeaseId};
+use crate::limits::{MAX_CONCURRENCY_LIMIT, MAX_COUNT, MAX_KEY_BYTES};
+use crate::{Error, KeyError, RuleSet};
+
+/// One operation on the state of a key under a rule set. Backends run it atomically.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation<'a> {
+    /// Admit `cost` units if every rule allows it, consuming them from every rule; a cost of 0
+    /// peeks (reports whether one unit would be admitted, and consumes nothing).
+    Check {
+        /// Units asked for.
+        cost: u64,
+    },
+    /// A check in which concurrency rules hold the units under `lease` until released.
+    Acquire {
+        /// Units asked for.
+        cost: u64,
+        /// The lease the units will be held under.
+        lease: &'a LeaseId,
+    },
+    /// Gives back `amount` units consumed for work that was cancelled (not below empty; leases
+    /// are given back by `Release` instead). Reports as a peek.
+    Refund {
+        /// Units to give back.
+        amount: u64,
+    },
+    /// Gives back a lease's units. Reports as a peek.
+    Release {
+        /// The lease.
+        lease: &'a Lease,
+    },
+}
+
+/// Checks that `key` can name a state.
+pub fn validate_key(key: &str) -> Result<(), KeyError> {
+    if key.is_empty() {
+        Err(KeyError::Empty)
+    } else if key.len() > MAX_KEY_BYTES {
+        Err(KeyError::TooLong { len: key.len(), max: MAX_KEY_BYTES })
+    } else {
+        Ok(())
+    }
+}
+
+impl Operation<'_> {
+    /// Checks the operation before any backend is touched: the key, the amounts, and that the
+    /// cost can ever fit. Both backends call this, so both refuse the same input the same way.
+    pub fn validate(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
+        validate_key(key)?;
+        let (amount, max) = match *self {
+            Operation::Check { cost } | Operation::Acquire { cost, .. } => (cost, MAX_COUNT),
+            Operation::Refund { amount } => (amount, MAX_COUNT),
+            Operation::Release { lease } => (lease.units, MAX_CONCURRENCY_LIMIT),
+        };
+        if amount > max {
+            return Err(Error::CostTooLarge { cost: amount, max });
+        }
+        let cost = match *self {
+            Operation::Check { cost } | Operation::Acquire { cost, .. } => cost,
+            Operation::Refund { .. } | Operation::Release { .. } => return Ok(()),
+        };
+        for (index, rule) in rules.compiled().iter().enumerate() {
+            if cost > 0
+                && matches!(self, Operation::Check { .. })
+                && matches!(rule.algo, crate::algorithm::Algo::Concurrency(_))
+            {
+                return Err(Error::LeaseRequired { index });
+            }
+            let capacity = rule.algo.capacity();
+            if cost > capacity {
+                return Err(Error::CostExceedsCapacity {
+                    index,
+                    name: rule.name.clone(),
+                    algorithm: rule.rule.algorithm(),
+                    cost,
+                    capacity,
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,233 @@
+//! [`Rule`]: one limit, by algorithm and parameters, as a caller or a configuration file writes it.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Period;
+
+/// One limit: an optional name (for reporting) and what it limits.
+///
+/// Rules are plain data; [`RuleSet::new`](crate::RuleSet::new) validates them. In JSON or TOML a
+/// rule is written with its algorithm in the `algorithm` field:
+///
+/// ```
+/// use tollgate_core::{Period, Rule};
+///
+/// let rule: Rule = serde_json::from_str(
+///     r#"{"name": "burst", "algorithm": "fixed_window", "limit": 10, "period": "1s"}"#,
+/// ).unwrap();
+/// assert_eq!(rule, Rule::fixed_window(10, Period::SECOND).named("burst"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Rule {
+    /// A name for reports and headers; optional, and not part of the rule's identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The algorithm and its parameters.
+    #[serde(flatten)]
+    pub kind: RuleKind,
+}
+
+/// The algorithm of a [`Rule`] and its parameters.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "algorithm", rename_all = "snake_case")]
+pub enum RuleKind {
+    /// At most `limit` units per window of length `period`.
+    FixedWindow {
+        /// Units admitted per window.
+        limit: u64,
+        /// Window length.
+        period: Period,
+        /// Where windows start.
+        #[serde(default)]
+        align: Align,
+    },
+    /// At most `limit` units in any interval of length `period`, exactly; stores one entry per
+    /// admitted unit, so `limit` is capped at [`MAX_LOG_LIMIT`](crate::limits::MAX_LOG_LIMIT).
+    SlidingWindowLog {
+        /// Units admitted per sliding period.
+        limit: u64,
+        /// Length of the sliding period.
+        period: Period,
+    },
+    /// Approximately `limit` units per sliding `period` in O(1) space: the previous clock window's
+    /// count weighted by its overlap with the sliding period, plus the current window's count.
+    SlidingWindowCounter {
+        /// Units admitted per period.
+        limit: u64,
+        /// Length of the period.
+        period: Period,
+    },
+    /// A bucket of `capacity` tokens, full at first, refilled continuously at `refill` tokens per
+    /// `per`; a request takes `cost` tokens.
+    TokenBucket {
+        /// Most tokens the bucket holds.
+        capacity: u64,
+        /// Tokens added per `per`.
+        refill: u64,
+        /// The refill interval.
+        per: Period,
+    },
+    /// Generic cell rate algorithm: a sustained rate of `limit` per `period` (one request every
+    /// `period / limit`), with up to `burst` requests at once.
+    Gcra {
+        /// Requests per period at the sustained rate.
+        limit: u64,
+        /// The period of the rate.
+        period: Period,
+        /// Requests admitted at once from idle (at least 1).
+        burst: u64,
+    },
+    /// At most `limit` units held at once by leases; a lease not released expires after `lease`.
+    Concurrency {
+        /// Units held at once.
+        limit: u64,
+        /// How long an unreleased lease holds its units.
+        lease: Period,
+    },
+}
+
+/// Where the windows of a fixed-window rule start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Align {
+    /// On multiples of the period since the Unix epoch, the same for every key.
+    #[default]
+    Clock,
+    /// At each key's first request after its previous window closed.
+    FirstHit,
+}
+
+/// The algorithm of a rule, without its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// [`RuleKind::FixedWindow`].
+    FixedWindow,
+    /// [`RuleKind::SlidingWindowLog`].
+    SlidingWindowLog,
+    /// [`RuleKind::SlidingWindowCounter`].
+    SlidingWindowCounter,
+    /// [`RuleKind::TokenBucket`].
+    TokenBucket,
+    /// [`RuleKind::Gcra`].
+    Gcra,
+    /// [`RuleKind::Concurrency`].
+    Concurrency,
+}
+
+impl Algorithm {
+    /// The algorithm's name as written in configuration (`"fixed_window"`, ...).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::Concurrency => "concurrency",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl RuleKind {
+    /// The algorithm of this rule.
+    pub const fn algorithm(&self) -> Algorithm {
+        match self {
+            RuleKind::FixedWindow { .. } => Algorithm::FixedWindow,
+            RuleKind::SlidingWindowLog { .. } => Algorithm::SlidingWindowLog,
+            RuleKind::SlidingWindowCounter { .. } => Algorithm::SlidingWindowCounter,
+            RuleKind::TokenBucket { .. } => Algorithm::TokenBucket,
+            RuleKind::Gcra { .. } => Algorithm::Gcra,
+            RuleKind::Concurrency { .. } => Algorithm::Concurrency,
+        }
+    }
+}
+
+impl Rule {
+    fn of(kind: RuleKind) -> Self {
+        Rule { name: None, kind }
+    }
+
+    /// `limit` units per clock-aligned window of `period`.
+    pub fn fixed_window(limit: u64, period: Period) -> Self {
+        Self::of(RuleKind::FixedWindow { limit, period, align: Align::Clock })
+    }
+
+    /// `limit` units per window of `period` that opens at a key's first request.
+    pub fn fixed_window_from_first_hit(limit: u64, period: Period) -> Self {
+        Self::of(RuleKind::FixedWindow { limit, period, align: Align::FirstHit })
+    }
+
+    /// Exactly `limit` units in any interval of `period`.
+    pub fn sliding_window_log(limit: u64, period: Period) -> Self {
+        Self::of(RuleKind::SlidingWindowLog { limit, period })
+    }
+
+    /// Approximately `limit` units per sliding `period`, in constant space.
+    pub fn sliding_window_counter(limit: u64, period: Period) -> Self {
+        Self::of(RuleKind::SlidingWindowCounter { limit, period })
+    }
+
+    /// A bucket of `capacity` tokens refilled at `refill` tokens per `per`.
+    pub fn token_bucket(capacity: u64, refill: u64, per: Period) -> Self {
+        Self::of(RuleKind::TokenBucket { capacity, refill, per })
+    }
+
+    /// GCRA: `limit` requests per `period`, `burst` at once.
+    pub fn gcra(limit: u64, period: Period, burst: u64) -> Self {
+        Self::of(RuleKind::Gcra { limit, period, burst })
+    }
+
+    /// At most `limit` units held at once; leases expire after `lease`.
+    pub fn concurrency(limit: u64, lease: Period) -> Self {
+        Self::of(RuleKind::Concurrency { limit, lease })
+    }
+
+    /// This rule with a name for reports.
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The rule's algorithm.
+    pub const fn algorithm(&self) -> Algorithm {
+        self.kind.algorithm()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_round_trips_through_json() {
+        let rules = [
+            Rule::fixed_window(10, Period::SECOND),
+            Rule::fixed_window_from_first_hit(10, Period::MINUTE).named("x"),
+            Rule::sliding_window_log(5, Period::HOUR),
+            Rule::sliding_window_counter(100, Period::DAY),
+            Rule::token_bucket(20, 5, Period::SECOND),
+            Rule::gcra(10, Period::SECOND, 3),
+            Rule::concurrency(4, Period::from_secs(30).unwrap()),
+        ];
+        for rule in rules {
+            let json = serde_json::to_string(&rule).unwrap();
+            assert!(json.contains(&format!("\"algorithm\":\"{}\"", rule.algorithm())), "{json}");
+            assert_eq!(serde_json::from_str::<Rule>(&json).unwrap(), rule);
+        }
+    }
+
+    #[test]
+    fn align_defaults_to_clock() {
+        let rule: Rule =
+            serde_json::from_str(r#"{"algorithm": "fixed_window", "limit": 1, "period": 1000}"#).unwrap();
+        assert!(matches!(rule.kind, RuleKind::FixedWindow { align: Align::Clock, .. }));
+    }
+}

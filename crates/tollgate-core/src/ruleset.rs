@@ -1,0 +1,199 @@
+//! [`RuleSet`]: rules validated and compiled once, then checked together.
+
+use std::sync::Arc;
+
+use crate::algorithm::Algo;
+use crate::limits::{MAX_CONCURRENCY_LIMIT, MAX_COUNT, MAX_LOG_LIMIT, MAX_NAME_BYTES, MAX_RULES};
+use crate::{Rule, RuleError, RuleKind};
+
+#[derive(Debug)]
+pub(crate) struct CompiledRule {
+    pub(crate) rule: Rule,
+    pub(crate) name: Option<Arc<str>>,
+    pub(crate) signature: Arc<str>,
+    pub(crate) algo: Algo,
+}
+
+/// Rules checked together, all or nothing: validated and compiled once, cheap to clone.
+///
+/// ```
+/// use tollgate_core::{Period, Rule, RuleSet, RuleError};
+///
+/// let rules = RuleSet::new([
+///     Rule::fixed_window(10, Period::SECOND).named("per-second"),
+///     Rule::token_bucket(100, 1, Period::SECOND).named("bucket"),
+/// ])?;
+/// assert_eq!(rules.len(), 2);
+///
+/// let err = RuleSet::new([Rule::sliding_window_log(50_000, Period::MINUTE)]).unwrap_err();
+/// assert!(matches!(err, RuleError::LogLimitTooLarge { .. }));
+/// assert!(err.to_string().contains("use sliding_window_counter"));
+/// # Ok::<(), RuleError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct RuleSet {
+    rules: Arc<[CompiledRule]>,
+    has_concurrency: bool,
+}
+
+fn check_range(index: usize, field: &'static str, value: u64, min: u64, max: u64) -> Result<(), RuleError> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(RuleError::OutOfRange { index, field, value, min, max })
+    }
+}
+
+fn validate(index: usize, rule: &Rule) -> Result<(), RuleError> {
+    if let Some(name) = &rule.name
+        && name.len() > MAX_NAME_BYTES
+    {
+        return Err(RuleError::NameTooLong { index, len: name.len(), max: MAX_NAME_BYTES });
+    }
+    let count = |field, value| check_range(index, field, value, 1, MAX_COUNT);
+    match rule.kind {
+        RuleKind::FixedWindow { limit, .. } | RuleKind::SlidingWindowCounter { limit, .. } => {
+            count("limit", limit)
+        }
+        RuleKind::SlidingWindowLog { limit, .. } => {
+            count("limit", limit)?;
+            if limit > MAX_LOG_LIMIT {
+                return Err(RuleError::LogLimitTooLarge { index, limit, max: MAX_LOG_LIMIT });
+            }
+            Ok(())
+        }
+        RuleKind::TokenBucket { capacity, refill, .. } => {
+            count("capacity", capacity)?;
+            count("refill", refill)
+        }
+        RuleKind::Gcra { limit, burst, .. } => {
+            count("limit", limit)?;
+            count("burst", burst)
+        }
+        RuleKind::Concurrency { limit, .. } => check_range(index, "limit", limit, 1, MAX_CONCURRENCY_LIMIT),
+    }
+}
+
+fn inexact(index: usize, kind: &RuleKind) -> RuleError {
+    let (capacity, refill, per) = match *kind {
+        RuleKind::TokenBucket { capacity, refill, per } => (capacity, refill, per),
+        RuleKind::Gcra { limit, period, burst } => (burst, limit, period),
+        _ => (0, 0, crate::Period::MIN), // only rate-based rules can be inexact
+    };
+    RuleError::Inexact { index, algorithm: kind.algorithm(), capacity, refill, per_micros: per.as_micros() }
+}
+
+impl RuleSet {
+    /// Validates and compiles `rules` (at least one, at most
+    /// [`MAX_RULES`](crate::limits::MAX_RULES), no two alike).
+    pub fn new(rules: impl IntoIterator<Item = Rule>) -> Result<Self, RuleError> {
+        let rules: Vec<Rule> = rules.into_iter().collect();
+        if rules.is_empty() {
+            return Err(RuleError::Empty);
+        }
+        if rules.len() > MAX_RULES {
+            return Err(RuleError::TooMany { count: rules.len(), max: MAX_RULES });
+        }
+        let mut compiled: Vec<CompiledRule> = Vec::with_capacity(rules.len());
+        for (index, rule) in rules.into_iter().enumerate() {
+            validate(index, &rule)?;
+            let algo = Algo::compile(&rule.kind).map_err(|_| inexact(index, &rule.kind))?;
+            let signature: Arc<str> = Algo::signature(&rule.kind).into();
+            if let Some(first) = compiled.iter().position(|c| c.signature == signature) {
+                return Err(RuleError::Duplicate { index, first });
+            }
+            let name = rule.name.as_deref().map(Arc::from);
+            compiled.push(CompiledRule { rule, name, signature, algo });
+        }
+        let has_concurrency = compiled.iter().any(|c| matches!(c.algo, Algo::Concurrency(_)));
+        Ok(RuleSet { rules: compiled.into(), has_concurrency })
+    }
+
+    /// Number of rules.
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// Always false: a rule set has at least one rule.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// The rules, in the order given.
+    pub fn rules(&self) -> impl ExactSizeIterator<Item = &Rule> {
+        self.rules.iter().map(|c| &c.rule)
+    }
+
+    /// Each rule's state identity, in order: its algorithm and parameters (not its name), such as
+    /// `fw:100:60000000`. Backends name a key's state for a rule by it, so a changed rule never
+    /// reads the old rule's state.
+    pub fn signatures(&self) -> impl ExactSizeIterator<Item = &str> {
+        self.rules.iter().map(|c| &*c.signature)
+    }
+
+    /// Whether any rule is a concurrency rule.
+    pub fn has_concurrency(&self) -> bool {
+        self.has_concurrency
+    }
+
+    pub(crate) fn compiled(&self) -> &[CompiledRule] {
+        &self.rules
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Period;
+
+    #[test]
+    fn refuses_bad_rule_sets_with_the_rule_and_field() {
+        assert_eq!(RuleSet::new([]).unwrap_err(), RuleError::Empty);
+        let many = (1..=33).map(|n| Rule::fixed_window(n, Period::SECOND));
+        assert!(matches!(RuleSet::new(many), Err(RuleError::TooMany { count: 33, .. })));
+        let err = RuleSet::new([Rule::fixed_window(1, Period::SECOND), Rule::gcra(10, Period::SECOND, 0)])
+            .unwrap_err();
+        assert_eq!(err, RuleError::OutOfRange { index: 1, field: "burst", value: 0, min: 1, max: MAX_COUNT });
+        assert!(matches!(
+            RuleSet::new([Rule::concurrency(10_001, Period::SECOND)]),
+            Err(RuleError::OutOfRange { field: "limit", .. })
+        ));
+        assert!(matches!(
+            RuleSet::new([Rule::token_bucket(1, MAX_COUNT + 1, Period::SECOND)]),
+            Err(RuleError::OutOfRange { field: "refill", .. })
+        ));
+        assert!(matches!(
+            RuleSet::new([Rule::fixed_window(1, Period::SECOND).named("x".repeat(129))]),
+            Err(RuleError::NameTooLong { len: 129, .. })
+        ));
+    }
+
+    #[test]
+    fn same_parameters_are_a_duplicate_whatever_the_name() {
+        let err = RuleSet::new([
+            Rule::fixed_window(5, Period::SECOND).named("a"),
+            Rule::sliding_window_log(5, Period::SECOND),
+            Rule::fixed_window(5, Period::SECOND).named("b"),
+        ])
+        .unwrap_err();
+        assert_eq!(err, RuleError::Duplicate { index: 2, first: 0 });
+    }
+
+    #[test]
+    fn inexact_rates_are_refused_with_a_way_out() {
+        let err = RuleSet::new([Rule::token_bucket(MAX_COUNT, 999_999_937, Period::SECOND)]).unwrap_err();
+        assert!(matches!(err, RuleError::Inexact { index: 0, .. }), "{err}");
+    }
+
+    #[test]
+    fn signatures_name_algorithm_and_parameters() {
+        let set = RuleSet::new([
+            Rule::fixed_window(100, Period::MINUTE),
+            Rule::fixed_window_from_first_hit(100, Period::MINUTE),
+            Rule::gcra(10, Period::SECOND, 2),
+        ])
+        .unwrap();
+        let sigs: Vec<_> = set.signatures().collect();
+        assert_eq!(sigs, ["fw:100:60000000", "fwh:100:60000000", "gcra:10:1000000:2"]);
+    }
+}

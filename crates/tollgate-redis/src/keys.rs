@@ -1,0 +1,74 @@
+//! Redis key names for rule states: `<prefix>:{<key>}:<rule signature>`.
+//!
+//! The caller's key sits inside a hash tag, so every state of one check lands in the same Redis
+//! Cluster slot and the script runs unchanged on a cluster. `{`, `}` and `%` in the key are
+//! percent-encoded: a `}` would otherwise end the tag early, and encoding keeps distinct keys
+//! distinct. The rule's signature (algorithm and parameters) ends the name, so a changed rule
+//! starts from fresh state instead of misreading the old one.
+
+use std::fmt::Write;
+
+/// Why a key prefix cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PrefixError {
+    /// Empty, or longer than 64 bytes.
+    #[error("the key prefix must be 1 to 64 bytes long (got {0})")]
+    Length(usize),
+    /// Holds a brace, which would move the hash tag.
+    #[error("the key prefix must not contain '{{' or '}}': it would move the cluster hash tag")]
+    Brace,
+}
+
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), PrefixError> {
+    if prefix.is_empty() || prefix.len() > 64 {
+        Err(PrefixError::Length(prefix.len()))
+    } else if prefix.contains(['{', '}']) {
+        Err(PrefixError::Brace)
+    } else {
+        Ok(())
+    }
+}
+
+/// `<prefix>:{<escaped key>}:`, the part shared by all of a check's state keys.
+pub(crate) fn tagged(prefix: &str, key: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + key.len() + 40);
+    out.push_str(prefix);
+    out.push_str(":{");
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    out.push_str("}:");
+    out
+}
+
+/// The state key of one rule: the tagged key followed by the rule's signature.
+pub(crate) fn state_key(tagged: &str, signature: &str) -> String {
+    let mut out = String::with_capacity(tagged.len() + signature.len());
+    let _ = write!(out, "{tagged}{signature}");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_a_hash_tag_and_escape_braces() {
+        assert_eq!(tagged("tg", "user:1"), "tg:{user:1}:");
+        assert_eq!(tagged("tg", "a}b{c%"), "tg:{a%7Db%7Bc%25}:");
+        assert_ne!(tagged("tg", "%7B"), tagged("tg", "{"));
+        assert_eq!(state_key(&tagged("tg", "k"), "fw:1:1000"), "tg:{k}:fw:1:1000");
+    }
+
+    #[test]
+    fn prefixes_are_checked() {
+        assert!(validate_prefix("tollgate").is_ok());
+        assert_eq!(validate_prefix(""), Err(PrefixError::Length(0)));
+        assert_eq!(validate_prefix("a{b"), Err(PrefixError::Brace));
+    }
+}

@@ -1,0 +1,232 @@
+//! Tollgate's Redis backend: rule states in Redis, decided by the algorithms' Lua twins.
+//!
+//! One operation is one script call (`EVALSHA`, reloaded transparently after a restart or
+//! `SCRIPT FLUSH`), whatever the number of rules, so a multi-rule check is atomic. The script
+//! takes `now` from Redis's `TIME`, so instances with skewed clocks agree; every key it writes
+//! gets a TTL in the same step; all keys of one check share a hash tag, so it runs unchanged on
+//! Redis Cluster. The Lua itself lives in `tollgate-core`, beside each algorithm's Rust form;
+//! this crate only connects, names keys and maps errors.
+//!
+//! ```no_run
+//! use tollgate_core::{Backend, Period, Rule, RuleSet};
+//! use tollgate_redis::RedisBackend;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let backend = RedisBackend::builder("redis://127.0.0.1:6379")
+//!     .prefix("myapp")
+//!     .timeout(std::time::Duration::from_millis(100))
+//!     .build()?;
+//! let rules = RuleSet::new([Rule::gcra(10, Period::SECOND, 5)])?;
+//! let decision = backend.check("user:42", &rules, 1).await?;
+//! println!("allowed: {}, remaining: {}", decision.allowed(), decision.remaining());
+//! # Ok(()) }
+//! ```
+
+mod keys;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, Script, ServerErrorKind};
+use tollgate_core::algorithm::lua::{self, Arg};
+use tollgate_core::{Backend, Clock, Decision, Error, Operation, RuleSet, validate_key};
+
+pub use keys::PrefixError;
+
+/// Why a backend could not be configured.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The URL is not a Redis URL.
+    #[error("invalid Redis URL: {0}")]
+    Url(#[source] RedisError),
+    /// The key prefix is unusable.
+    #[error(transparent)]
+    Prefix(#[from] PrefixError),
+    /// Zero connections, or more than 64.
+    #[error("connections must be between 1 and 64 (got {0})")]
+    Connections(usize),
+    /// A zero timeout.
+    #[error("the timeout must be above zero")]
+    Timeout,
+}
+
+/// Settings for a [`RedisBackend`]; start with [`RedisBackend::builder`].
+#[must_use]
+pub struct RedisBackendBuilder {
+    url: String,
+    prefix: String,
+    timeout: Duration,
+    connections: usize,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl RedisBackendBuilder {
+    /// Namespace for every key (default `tollgate`): keys are `<prefix>:{<key>}:<rule>`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Longest wait for Redis on one operation, connecting included (default 250 ms). A dead or
+    /// hung Redis gives [`Error::Timeout`] or [`Error::Unavailable`] within it, never a hang.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Multiplexed connections to spread operations over (default 2).
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.connections = connections;
+        self
+    }
+
+    /// Decide at `clock`'s time instead of Redis's `TIME` (for tests that move time by hand).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The backend. Connections are opened on first use, so this succeeds while Redis is down;
+    /// call it within a Tokio runtime.
+    pub fn build(self) -> Result<RedisBackend, ConfigError> {
+        keys::validate_prefix(&self.prefix)?;
+        if !(1..=64).contains(&self.connections) {
+            return Err(ConfigError::Connections(self.connections));
+        }
+        if self.timeout.is_zero() {
+            return Err(ConfigError::Timeout);
+        }
+        let client = redis::Client::open(self.url.as_str()).map_err(ConfigError::Url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(self.timeout);
+        let connections = (0..self.connections)
+            .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ConfigError::Url)?;
+        Ok(RedisBackend {
+            connections: connections.into(),
+            next: AtomicUsize::new(0),
+            script: Script::new(lua::SCRIPT),
+            prefix: self.prefix.into(),
+            timeout: self.timeout,
+            clock: self.clock,
+        })
+    }
+}
+
+/// Rule states in Redis. See the [crate docs](crate).
+pub struct RedisBackend {
+    connections: Box<[ConnectionManager]>,
+    next: AtomicUsize,
+    script: Script,
+    prefix: Arc<str>,
+    timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("connections", &self.connections.len())
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("explicit_clock", &self.clock.is_some())
+            .finish()
+    }
+}
+
+/// Maps a client error to Tollgate's: unreachable or not-serving-now Redis is `Unavailable`
+/// (the failure policy's business), anything else is a `Backend` failure.
+fn map_error(err: RedisError, timeout: Duration) -> Error {
+    let unavailable = matches!(
+        err.kind(),
+        redis::ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+        )
+    );
+    if err.is_timeout() {
+        Error::Timeout(timeout)
+    } else if unavailable || err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
+        Error::Unavailable(Box::new(err))
+    } else {
+        Error::Backend(Box::new(err))
+    }
+}
+
+impl RedisBackend {
+    /// Settings for a backend on `url` (`redis://`, `rediss://`, with `user:password@` if needed).
+    pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
+        RedisBackendBuilder {
+            url: url.into(),
+            prefix: "tollgate".into(),
+            timeout: Duration::from_millis(250),
+            connections: 2,
+            clock: None,
+        }
+    }
+
+    /// The Redis keys holding `key`'s state under `rules`, in the rules' order.
+    pub fn state_keys(&self, key: &str, rules: &RuleSet) -> Vec<String> {
+        let tagged = keys::tagged(&self.prefix, key);
+        rules.signatures().map(|s| keys::state_key(&tagged, s)).collect()
+    }
+
+    fn connection(&self) -> ConnectionManager {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
+        self.connections[i].clone()
+    }
+
+    /// Runs `fut` within the timeout, mapping errors.
+    async fn bounded<T>(&self, fut: impl Future<Output = Result<T, RedisError>>) -> Result<T, Error> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(result) => result.map_err(|e| map_error(e, self.timeout)),
+            Err(_) => Err(Error::Timeout(self.timeout)),
+        }
+    }
+
+    /// Checks that Redis answers, within the timeout.
+    pub async fn ping(&self) -> Result<(), Error> {
+        let mut conn = self.connection();
+        self.bounded(async move { redis::cmd("PING").query_async::<()>(&mut conn).await }).await
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
+        op.validate(key, rules)?;
+        let now = self.clock.as_ref().map(|c| c.now());
+        let mut invocation = self.script.prepare_invoke();
+        for state_key in self.state_keys(key, rules) {
+            invocation.key(state_key);
+        }
+        for arg in lua::arguments(rules, &op, now) {
+            match arg {
+                Arg::Int(n) => invocation.arg(n),
+                Arg::Text(s) => invocation.arg(s),
+            };
+        }
+        let mut conn = self.connection();
+        let reply: Vec<i64> = self.bounded(async move { invocation.invoke_async(&mut conn).await }).await?;
+        let (_, decision) = lua::decode(rules, &reply).map_err(|e| Error::Backend(Box::new(e)))?;
+        Ok(decision)
+    }
+
+    async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
+        validate_key(key)?;
+        let keys = self.state_keys(key, rules);
+        let mut conn = self.connection();
+        self.bounded(async move { redis::cmd("DEL").arg(keys).query_async::<()>(&mut conn).await }).await
+    }
+}

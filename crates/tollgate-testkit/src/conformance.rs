@@ -1,0 +1,450 @@
+//! Scenarios every backend must pass identically, with time moved by hand.
+//!
+//! Each scenario takes a [`Harness`]: a backend whose clock is the harness's [`ManualClock`].
+//! [`conformance_tests!`](crate::conformance_tests) turns the whole list into `#[tokio::test]`s
+//! for one backend; `tollgate-core` runs them on the memory backend and `tollgate-redis` on
+//! Redis, so the tables below are the shared definition of each algorithm's behaviour.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tollgate_core::limits::MAX_COUNT;
+use tollgate_core::{
+    Backend, Clock, Decision, Error, KeyError, ManualClock, Period, Rule, RuleSet, Timestamp,
+};
+
+/// A backend and the clock it decides by.
+pub struct Harness<B> {
+    /// The backend under test.
+    pub backend: B,
+    /// Its clock; scenarios move it.
+    pub clock: ManualClock,
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn us(n: u64) -> Duration {
+    Duration::from_micros(n)
+}
+
+fn period(text: &str) -> Period {
+    text.parse().unwrap()
+}
+
+fn set(rules: impl IntoIterator<Item = Rule>) -> RuleSet {
+    RuleSet::new(rules).unwrap()
+}
+
+/// One rule of every algorithm, each admitting 5 units at once.
+pub fn one_of_each(period_text: &str) -> Vec<Rule> {
+    let p = period(period_text);
+    vec![
+        Rule::fixed_window(5, p),
+        Rule::fixed_window_from_first_hit(5, p),
+        Rule::sliding_window_log(5, p),
+        Rule::sliding_window_counter(5, p),
+        Rule::token_bucket(5, 5, p),
+        Rule::gcra(5, p, 5),
+        Rule::concurrency(5, p),
+    ]
+}
+
+impl<B: Backend> Harness<B> {
+    /// A harness for the backend `make` builds on a clock stopped at a whole wall-clock second.
+    pub fn new(make: impl FnOnce(ManualClock) -> B) -> Self {
+        let clock = ManualClock::at_wall_clock_second();
+        Harness { backend: make(clock.clone()), clock }
+    }
+
+    /// A key no other scenario uses (several scenarios may share one Redis).
+    pub fn key(&self, name: &str) -> String {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        format!("{name}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    /// Moves the clock forward to the next multiple of `period` since the epoch (or stays, if
+    /// it is on one), then `offset` further.
+    pub fn align(&self, period: Period, offset: Duration) {
+        let now = self.clock.now().as_micros();
+        let p = period.as_micros();
+        let start = now.div_ceil(p) * p;
+        self.clock.set(Timestamp::from_micros(start + offset.as_micros() as u64));
+    }
+
+    async fn check(&self, key: &str, rules: &RuleSet, cost: u64) -> Decision {
+        self.backend.check(key, rules, cost).await.expect("check")
+    }
+
+    /// Checks a rule set that may hold concurrency rules: acquires when `cost > 0`.
+    async fn take(&self, key: &str, rules: &RuleSet, cost: u64) -> Decision {
+        if rules.has_concurrency() && cost > 0 {
+            self.backend.acquire(key, rules, cost).await.expect("acquire").decision
+        } else {
+            self.check(key, rules, cost).await
+        }
+    }
+}
+
+/// Clock-aligned fixed window: limit, retry at the window's end, and the double burst at the
+/// boundary that fixed windows allow.
+pub async fn fixed_window_clock_edges(h: &Harness<impl Backend>) {
+    let rules = set([Rule::fixed_window(3, Period::SECOND)]);
+    h.align(Period::SECOND, Duration::ZERO);
+    let key = h.key("fw");
+    for remaining in [2, 1, 0] {
+        let d = h.check(&key, &rules, 1).await;
+        assert!(d.allowed());
+        assert_eq!((d.remaining(), d.reset_after()), (remaining, ms(1000)));
+    }
+    let d = h.check(&key, &rules, 1).await;
+    assert!(!d.allowed());
+    assert_eq!((d.remaining(), d.retry_after(), d.limit()), (0, ms(1000), 3));
+    h.advance(ms(999));
+    assert_eq!(h.check(&key, &rules, 1).await.retry_after(), ms(1));
+    h.advance(ms(1));
+    let d = h.check(&key, &rules, 1).await;
+    assert!(d.allowed());
+    assert_eq!(d.remaining(), 2);
+
+    // The boundary burst: a full window just before the edge, another just after.
+    let key = h.key("fw-burst");
+    h.align(Period::SECOND, ms(999));
+    assert!(h.check(&key, &rules, 3).await.allowed());
+    h.advance(ms(1));
+    assert!(h.check(&key, &rules, 3).await.allowed(), "6 = 2 x limit admitted within 1 ms");
+}
+
+/// First-hit fixed window: the window opens at the first request, not on the clock.
+pub async fn fixed_window_first_hit(h: &Harness<impl Backend>) {
+    let rules = set([Rule::fixed_window_from_first_hit(2, Period::SECOND)]);
+    h.align(Period::SECOND, ms(300));
+    let key = h.key("fwh");
+    let d = h.check(&key, &rules, 0).await;
+    assert!(d.allowed());
+    assert_eq!((d.remaining(), d.reset_after()), (2, Duration::ZERO));
+    let d = h.check(&key, &rules, 1).await;
+    assert_eq!((d.remaining(), d.reset_after()), (1, ms(1000)));
+    h.advance(ms(500));
+    let d = h.check(&key, &rules, 1).await;
+    assert_eq!((d.remaining(), d.reset_after()), (0, ms(500)));
+    // 700 ms after the first hit a clock-aligned window would have rolled over; this one has not.
+    h.advance(ms(200));
+    let d = h.check(&key, &rules, 1).await;
+    assert!(!d.allowed());
+    assert_eq!(d.retry_after(), ms(300));
+    h.advance(ms(300));
+    let d = h.check(&key, &rules, 1).await;
+    assert!(d.allowed());
+    assert_eq!((d.remaining(), d.reset_after()), (1, ms(1000)));
+}
+
+/// Sliding log: exact; never more than the limit in any sliding period.
+pub async fn sliding_window_log_is_exact(h: &Harness<impl Backend>) {
+    let rules = set([Rule::sliding_window_log(3, Period::SECOND)]);
+    let key = h.key("swl");
+    for _ in 0..3 {
+        assert!(h.check(&key, &rules, 1).await.allowed());
+        h.advance(ms(300));
+    }
+    // t = 900 ms: full until the first unit (t = 0) leaves at t = 1000 ms.
+    let d = h.check(&key, &rules, 1).await;
+    assert!(!d.allowed());
+    assert_eq!((d.retry_after(), d.reset_after()), (ms(100), ms(700)));
+    // Two units need the first two gone: t = 1300 ms.
+    assert_eq!(h.check(&key, &rules, 2).await.retry_after(), ms(400));
+    h.advance(ms(100));
+    assert!(h.check(&key, &rules, 1).await.allowed());
+    assert_eq!(h.check(&key, &rules, 1).await.retry_after(), ms(300));
+
+    // Attempts every 10 ms for 3 s: never more than 3 in any second, and 3 in each.
+    let key = h.key("swl-window");
+    let mut admitted: Vec<u64> = Vec::new();
+    for step in 0..300u64 {
+        if h.check(&key, &rules, 1).await.allowed() {
+            admitted.push(step * 10);
+        }
+        h.advance(ms(10));
+    }
+    for &t in &admitted {
+        let in_window = admitted.iter().filter(|&&u| u + 1000 > t && u <= t).count();
+        assert!(in_window <= 3, "{in_window} admitted in the second ending at {t} ms");
+    }
+    assert_eq!(admitted.len(), 9, "admitted at {admitted:?}");
+}
+
+/// Sliding counter: the previous window weighted by its overlap.
+pub async fn sliding_window_counter_weights_previous_window(h: &Harness<impl Backend>) {
+    let rules = set([Rule::sliding_window_counter(10, Period::SECOND)]);
+    h.align(Period::SECOND, Duration::ZERO);
+    let key = h.key("swc");
+    assert!(h.check(&key, &rules, 10).await.allowed());
+    let d = h.check(&key, &rules, 1).await;
+    assert!(!d.allowed());
+    // Full again once the window has slid wholly past it: two windows on.
+    assert_eq!(d.reset_after(), ms(2000));
+    // 250 ms into the next window, the previous 10 weigh 7.5: 2 more fit.
+    h.advance(ms(1250));
+    let d = h.check(&key, &rules, 0).await;
+    assert_eq!(d.remaining(), 2);
+    assert_eq!(h.check(&key, &rules, 2).await.remaining(), 0);
+    // One more fits when 10 * (1 - x) + 2 + 1 <= 10: x = 0.3, 50 ms from now.
+    let d = h.check(&key, &rules, 1).await;
+    assert!(!d.allowed());
+    assert_eq!(d.retry_after(), ms(50));
+    h.advance(ms(50));
+    assert!(h.check(&key, &rules, 1).await.allowed());
+}
+
+/// Token bucket: continuous refill with no fraction lost, to the microsecond.
+pub async fn token_bucket_refills_exactly(h: &Harness<impl Backend>) {
+    // Three tokens a second: one every 333,333 1/3 us.
+    let rules = set([Rule::token_bucket(3, 3, Period::SECOND)]);
+    let key = h.key("tb");
+    let d = h.check(&key, &rules, 3).await;
+    assert_eq!((d.remaining(), d.reset_after()), (0, ms(1000)));
+    h.advance(us(333_333));
+    let d = h.check(&key, &rules, 1).await;
+    assert!(!d.allowed(), "a third of a microsecond short of a token");
+    assert_eq!(d.retry_after(), us(1));
+    h.advance(us(1));
+    assert_eq!(h.check(&key, &rules, 0).await.remaining(), 1);
+    h.advance(us(999_999 - 333_334));
+    assert_eq!(h.check(&key, &rules, 0).await.remaining(), 2);
+    h.advance(us(1));
+    let d = h.check(&key, &rules, 0).await;
+    assert_eq!((d.remaining(), d.reset_after()), (3, Duration::ZERO));
+
+    // Frequent callers still see the refill (floor()-based scripts lose it on every call).
+    let rules = set([Rule::token_bucket(1, 1, Period::SECOND)]);
+    let key = h.key("tb-frequent");
+    let mut admitted = 0;
+    for _ in 0..=300 {
+        admitted += u32::from(h.check(&key, &rules, 1).await.allowed());
+        h.advance(ms(10));
+    }
+    assert_eq!(admitted, 4, "at 0, 1, 2 and 3 s");
+}
+
+/// GCRA: a burst at once, then one per emission interval.
+pub async fn gcra_spacing_and_burst(h: &Harness<impl Backend>) {
+    let rules = set([Rule::gcra(10, Period::SECOND, 3)]);
+    let key = h.key("gcra");
+    for remaining in [2, 1, 0] {
+        let d = h.check(&key, &rules, 1).await;
+        assert!(d.allowed());
+        assert_eq!((d.remaining(), d.limit()), (remaining, 3));
+    }
+    let d = h.check(&key, &rules, 1).await;
+    assert!(!d.allowed());
+    assert_eq!((d.retry_after(), d.reset_after()), (ms(100), ms(300)));
+    h.advance(ms(100));
+    assert!(h.check(&key, &rules, 1).await.allowed());
+    assert_eq!(h.check(&key, &rules, 1).await.retry_after(), ms(100));
+    // At the sustained rate: one every 100 ms.
+    let mut admitted = 0;
+    for _ in 0..100 {
+        h.advance(ms(10));
+        admitted += u32::from(h.check(&key, &rules, 1).await.allowed());
+    }
+    assert_eq!(admitted, 10);
+}
+
+/// Concurrency: leases held, released, and expired.
+pub async fn concurrency_leases(h: &Harness<impl Backend>) {
+    let rules = set([Rule::concurrency(2, period("10s"))]);
+    let key = h.key("cc");
+    let a = h.backend.acquire(&key, &rules, 1).await.unwrap();
+    assert_eq!(a.decision.remaining(), 1);
+    let a = a.lease.expect("a lease");
+    h.advance(ms(1000));
+    let b = h.backend.acquire(&key, &rules, 1).await.unwrap();
+    assert!(b.lease.is_some());
+    let denied = h.backend.acquire(&key, &rules, 1).await.unwrap();
+    assert!(!denied.decision.allowed() && denied.lease.is_none());
+    // Without a release, the first lease frees a unit when it expires.
+    assert_eq!(denied.decision.retry_after(), ms(9000));
+    assert_eq!(denied.decision.reset_after(), ms(10_000));
+
+    let after = h.backend.release(&key, &rules, &a).await.unwrap();
+    assert_eq!(after.remaining(), 1);
+    let c = h.backend.acquire(&key, &rules, 1).await.unwrap();
+    assert!(c.decision.allowed());
+
+    // Unreleased leases expire: nothing is held 10 s after the last acquire.
+    h.advance(ms(10_000));
+    let d = h.check(&key, &rules, 0).await;
+    assert_eq!((d.remaining(), d.reset_after()), (2, Duration::ZERO));
+    // Releasing an expired lease is harmless.
+    h.backend.release(&key, &rules, &c.lease.unwrap()).await.unwrap();
+    let two = h.backend.acquire(&key, &rules, 2).await.unwrap();
+    assert_eq!(two.decision.remaining(), 0);
+    assert_eq!(two.lease.unwrap().units, 2);
+
+    match h.backend.check(&key, &rules, 1).await {
+        Err(Error::LeaseRequired { index: 0 }) => {}
+        other => panic!("expected LeaseRequired, got {other:?}"),
+    }
+}
+
+/// A peek (cost 0) reports without consuming, for every algorithm.
+pub async fn peek_consumes_nothing(h: &Harness<impl Backend>) {
+    for rule in one_of_each("1h") {
+        let rules = set([rule.clone()]);
+        let key = h.key("peek");
+        assert!(h.take(&key, &rules, 4).await.allowed(), "{rule:?}");
+        for _ in 0..3 {
+            let d = h.check(&key, &rules, 0).await;
+            assert!(d.allowed(), "{rule:?}");
+            assert_eq!(d.remaining(), 1, "{rule:?}");
+        }
+        assert!(h.take(&key, &rules, 1).await.allowed(), "{rule:?}");
+        let d = h.check(&key, &rules, 0).await;
+        assert!(!d.allowed(), "{rule:?}: a peek at an exhausted rule says a unit would not fit");
+        assert_eq!(d.remaining(), 0);
+        assert!(d.retry_after() > Duration::ZERO);
+    }
+}
+
+/// Reset puts every algorithm back to full.
+pub async fn reset_restores_full(h: &Harness<impl Backend>) {
+    let rules = set(one_of_each("1h"));
+    let key = h.key("reset");
+    assert!(h.take(&key, &rules, 5).await.allowed());
+    assert!(!h.take(&key, &rules, 1).await.allowed());
+    h.backend.reset(&key, &rules).await.unwrap();
+    let d = h.check(&key, &rules, 0).await;
+    assert!(d.rules().iter().all(|o| o.remaining == 5 && o.reset_after.is_zero()), "{d:?}");
+    assert!(h.take(&key, &rules, 5).await.allowed());
+}
+
+/// Refund gives units back (never beyond full); concurrency rules ignore it.
+pub async fn refund_gives_back(h: &Harness<impl Backend>) {
+    for rule in one_of_each("1h").into_iter().filter(|r| r.algorithm().as_str() != "concurrency") {
+        let rules = set([rule.clone()]);
+        let key = h.key("refund");
+        assert!(h.check(&key, &rules, 3).await.allowed());
+        let d = h.backend.refund(&key, &rules, 2).await.unwrap();
+        assert_eq!(d.remaining(), 4, "{rule:?}");
+        let d = h.backend.refund(&key, &rules, 10).await.unwrap();
+        assert_eq!((d.remaining(), d.reset_after()), (5, Duration::ZERO), "{rule:?}");
+        assert!(h.check(&key, &rules, 5).await.allowed(), "{rule:?}");
+    }
+    let rules = set([Rule::concurrency(2, Period::HOUR)]);
+    let key = h.key("refund-cc");
+    h.backend.acquire(&key, &rules, 2).await.unwrap();
+    assert_eq!(h.backend.refund(&key, &rules, 2).await.unwrap().remaining(), 0);
+}
+
+/// A cost that can never fit is an error, not a denial; so is bad input.
+pub async fn bad_input_is_an_error(h: &Harness<impl Backend>) {
+    for (index, rule) in one_of_each("1h").into_iter().enumerate() {
+        let rules = set([Rule::fixed_window(100, Period::HOUR), rule.clone().named("r")]);
+        let key = h.key("cost");
+        let err = if rules.has_concurrency() {
+            h.backend.acquire(&key, &rules, 6).await.map(|a| a.decision)
+        } else {
+            h.backend.check(&key, &rules, 6).await
+        };
+        match err {
+            Err(Error::CostExceedsCapacity { index: 1, cost: 6, capacity: 5, ref name, .. }) => {
+                assert_eq!(name.as_deref(), Some("r"));
+            }
+            other => panic!("rule {index} {rule:?}: expected CostExceedsCapacity, got {other:?}"),
+        }
+        assert!(h.take(&key, &rules, 5).await.allowed(), "{rule:?}: a cost equal to capacity fits");
+    }
+    let rules = set([Rule::fixed_window(1, Period::SECOND)]);
+    assert!(matches!(h.backend.check("", &rules, 1).await, Err(Error::InvalidKey(KeyError::Empty))));
+    assert!(matches!(
+        h.backend.check(&"k".repeat(513), &rules, 1).await,
+        Err(Error::InvalidKey(KeyError::TooLong { len: 513, .. }))
+    ));
+    assert!(matches!(h.backend.refund("k", &rules, MAX_COUNT + 1).await, Err(Error::CostTooLarge { .. })));
+}
+
+/// Several rules: admitted only if all admit; a denial consumes from none.
+pub async fn multi_rule_all_or_nothing(h: &Harness<impl Backend>) {
+    let rules = set([
+        Rule::fixed_window(5, Period::HOUR).named("hourly"),
+        Rule::gcra(1, Period::SECOND, 2).named("rate"),
+        Rule::sliding_window_log(4, Period::MINUTE).named("minute"),
+    ]);
+    let key = h.key("multi");
+    let d = h.check(&key, &rules, 2).await;
+    assert!(d.allowed());
+    assert_eq!(d.binding().name.as_deref(), Some("rate")); // 0 left
+    let d = h.check(&key, &rules, 2).await;
+    assert!(!d.allowed());
+    let allowed: Vec<bool> = d.rules().iter().map(|o| o.allowed).collect();
+    assert_eq!(allowed, [true, false, true]);
+    assert_eq!(d.binding().name.as_deref(), Some("rate"));
+    assert_eq!(d.retry_after(), ms(2000));
+    let remaining: Vec<u64> = d.rules().iter().map(|o| o.remaining).collect();
+    assert_eq!(remaining, [3, 0, 2], "the denied check consumed nothing");
+    h.advance(ms(2000));
+    let d = h.check(&key, &rules, 2).await;
+    assert!(d.allowed());
+    // The minute log has 0 left now: it binds.
+    assert_eq!(d.binding().name.as_deref(), Some("minute"));
+    assert_eq!(d.remaining(), 0);
+}
+
+/// After a denial, waiting `retry_after` is enough for the same cost, for every algorithm.
+pub async fn retry_after_is_honest(h: &Harness<impl Backend>) {
+    for rule in one_of_each("700ms") {
+        let rules = set([rule.clone()]);
+        let key = h.key("retry");
+        for (round, cost) in [1u64, 3, 2, 5, 1, 4, 2, 2, 3].into_iter().enumerate() {
+            let d = h.take(&key, &rules, cost).await;
+            if d.allowed() {
+                h.advance(ms(37));
+                continue;
+            }
+            h.advance(d.retry_after());
+            assert!(
+                h.take(&key, &rules, cost).await.allowed(),
+                "{rule:?}, round {round}: not admitted {:?} later",
+                d.retry_after()
+            );
+        }
+    }
+}
+
+/// Expands to one `#[tokio::test]` per conformance scenario, each on a fresh harness built by
+/// `make: FnOnce(ManualClock) -> impl Backend`.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@each $make;
+            fixed_window_clock_edges,
+            fixed_window_first_hit,
+            sliding_window_log_is_exact,
+            sliding_window_counter_weights_previous_window,
+            token_bucket_refills_exactly,
+            gcra_spacing_and_burst,
+            concurrency_leases,
+            peek_consumes_nothing,
+            reset_restores_full,
+            refund_gives_back,
+            bad_input_is_an_error,
+            multi_rule_all_or_nothing,
+            retry_after_is_honest
+        );
+    };
+    (@each $make:expr; $($name:ident),*) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                let harness = $crate::conformance::Harness::new($make);
+                $crate::conformance::$name(&harness).await;
+            }
+        )*
+    };
+}

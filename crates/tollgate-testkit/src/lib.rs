@@ -1,0 +1,13 @@
+//! Test support for Tollgate.
+//!
+//! - [`RedisServer`]: a private `redis-server` on a free loopback port, stopped on drop. Tests
+//!   never touch the shared 6379. A missing `redis-server` fails the test with a message saying
+//!   how to install it; it is never skipped.
+//! - [`conformance`]: scenarios that every backend must pass identically, run against a backend
+//!   whose clock the test moves by hand, and the [`conformance_tests!`] macro that turns them
+//!   into tests for one backend.
+
+pub mod conformance;
+mod redis_server;
+
+pub use redis_server::{OnServer, RedisServer};

@@ -1,0 +1,195 @@
+//! A private `redis-server` for one test binary or one test.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` of the test's own, on a free port of 127.0.0.1, without persistence, killed
+/// when dropped.
+pub struct RedisServer {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+impl RedisServer {
+    /// Starts a server and waits until it answers `PING`.
+    ///
+    /// # Panics
+    /// If `redis-server` is not installed (with how to install it), or does not start.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments (such as `["--maxmemory", "10mb"]`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let mut last_error = String::new();
+        // A port found free can be taken before the server binds it; try a few.
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let spawned = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+                .arg("--dir")
+                .arg(dir.path())
+                .args(["--logfile", &dir.path().join("redis.log").to_string_lossy()])
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn();
+            let child = match spawned {
+                Ok(child) => child,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                    "redis-server is not installed, and the Redis tests need it{}. Install it \
+                     with `apt-get install redis-server`, or run `scripts/test`, which does.",
+                    if std::env::var("CI").as_deref() == Ok("true") { " (CI=true)" } else { "" }
+                ),
+                Err(e) => panic!("could not start redis-server: {e}"),
+            };
+            let mut server = RedisServer { child, port, _dir: dir };
+            match server.wait_ready(Duration::from_secs(10)) {
+                Ok(()) => return server,
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("redis-server did not start: {last_error}");
+    }
+
+    fn wait_ready(&mut self, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("it exited with {status}: {}", self.log()));
+            }
+            if self.try_command(&["PING"]).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no answer to PING within {within:?}: {}", self.log()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("redis.log")).unwrap_or_default()
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's data directory.
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+
+    fn try_command(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
+        let client = redis::Client::open(self.url())?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query(&mut conn)
+    }
+
+    /// Runs one command on a fresh connection and returns its reply.
+    ///
+    /// # Panics
+    /// If the command fails.
+    pub fn command<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let value = self.try_command(args).unwrap_or_else(|e| panic!("redis command {args:?} failed: {e}"));
+        redis::from_redis_value(value).unwrap_or_else(|e| panic!("redis reply to {args:?}: {e}"))
+    }
+
+    /// Every key on the server (by `SCAN`).
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys = Vec::new();
+        let mut cursor = "0".to_owned();
+        loop {
+            let (next, batch): (String, Vec<String>) = self.command(&["SCAN", &cursor, "COUNT", "1000"]);
+            keys.extend(batch);
+            if next == "0" {
+                return keys;
+            }
+            cursor = next;
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status =
+            Command::new("kill").args([signal, &self.child.id().to_string()]).status().expect("kill");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Kills the server now.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.resume_quietly();
+        self.kill();
+    }
+}
+
+impl RedisServer {
+    fn resume_quietly(&self) {
+        let _ =
+            Command::new("kill").args(["-CONT", &self.child.id().to_string()]).stderr(Stdio::null()).status();
+    }
+}
+
+/// A backend together with the private Redis server it talks to, which stops when this drops.
+pub struct OnServer<B> {
+    /// The backend.
+    pub backend: B,
+    /// Its server.
+    pub server: RedisServer,
+}
+
+#[async_trait::async_trait]
+impl<B: tollgate_core::Backend> tollgate_core::Backend for OnServer<B> {
+    async fn execute(
+        &self,
+        key: &str,
+        rules: &tollgate_core::RuleSet,
+        op: tollgate_core::Operation<'_>,
+    ) -> Result<tollgate_core::Decision, tollgate_core::Error> {
+        self.backend.execute(key, rules, op).await
+    }
+
+    async fn reset(&self, key: &str, rules: &tollgate_core::RuleSet) -> Result<(), tollgate_core::Error> {
+        self.backend.reset(key, rules).await
+    }
+}
