@@ -118,6 +118,23 @@ impl LeaseId {
     }
 }
 
+/// Text that is not a lease id.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a lease id is 1 to 64 characters of A-Z, a-z, 0-9, '-' and '_'")]
+pub struct LeaseIdError;
+
+impl std::str::FromStr for LeaseId {
+    type Err = LeaseIdError;
+
+    /// Parses a lease id handed back by a client (ids are embedded in Redis member names, so
+    /// only a safe alphabet is accepted).
+    fn from_str(s: &str) -> Result<Self, LeaseIdError> {
+        let valid = (1..=64).contains(&s.len())
+            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if valid { Ok(LeaseId(s.into())) } else { Err(LeaseIdError) }
+    }
+}
+
 impl fmt::Display for LeaseId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -186,6 +203,16 @@ mod tests {
         assert_eq!(d.retry_after(), Duration::from_secs(7));
         assert_eq!(d.remaining(), 1);
         assert_eq!(d.reset_after(), Duration::from_secs(7));
+    }
+
+    #[test]
+    fn lease_ids_round_trip_and_refuse_odd_text() {
+        let id = LeaseId::random();
+        assert_eq!(id.as_str().len(), 32);
+        assert_eq!(id.as_str().parse::<LeaseId>(), Ok(id));
+        for bad in ["", "a:b", "x y", &"a".repeat(65)] {
+            assert_eq!(bad.parse::<LeaseId>(), Err(LeaseIdError), "{bad:?}");
+        }
     }
 
     #[test]

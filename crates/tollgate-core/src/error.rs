@@ -54,9 +54,9 @@ pub enum RuleError {
     },
     /// Token-bucket or GCRA parameters whose exact arithmetic would not fit in 53 bits.
     #[error(
-        "rule {index}: {algorithm} with these parameters cannot be computed exactly (capacity \
-         {capacity} refilled at {refill} per {per_micros}us); use a smaller capacity, or a refill \
-         that divides its interval more evenly"
+        "rule {index}: {algorithm} with capacity {capacity} refilled at {refill} per {per_micros}us \
+         is out of range: capacity x refill must stay below 2^53 once refill/per is reduced, and \
+         refilling from empty must take under 100 years; use a smaller capacity or a faster refill"
     )]
     Inexact {
         /// Position of the rule.

@@ -37,10 +37,15 @@ mod ruleset;
 
 pub use backend::Backend;
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use decision::{Acquisition, Decision, Lease, LeaseId, RuleOutcome};
+pub use decision::{Acquisition, Decision, Lease, LeaseId, LeaseIdError, RuleOutcome};
 pub use error::{BoxError, Error, KeyError, RuleError};
 pub use memory::MemoryBackend;
 pub use operation::{Operation, validate_key};
 pub use period::{Period, PeriodError};
 pub use rule::{Algorithm, Align, Rule, RuleKind};
 pub use ruleset::RuleSet;
+
+/// The README's Rust examples, compiled and run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -1,0 +1,84 @@
+//! Memory-backend specifics: bounded memory under key churn, and exactness under threads.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tollgate_core::{LeaseId, ManualClock, MemoryBackend, Operation, Period, Rule, RuleSet};
+
+#[test]
+fn memory_stays_bounded_under_key_churn() {
+    let clock = ManualClock::at_wall_clock_second();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let rules = RuleSet::new([
+        Rule::fixed_window(10, Period::SECOND),
+        Rule::sliding_window_log(5, Period::SECOND),
+        Rule::gcra(10, Period::SECOND, 5),
+    ])
+    .unwrap();
+    // 200,000 one-off keys over 200 s of simulated time, 1,000 new keys per second.
+    let mut most = 0;
+    for i in 0..200_000u64 {
+        let key = format!("visitor:{i}");
+        assert!(backend.execute_now(&key, &rules, Operation::Check { cost: 1 }).unwrap().allowed());
+        clock.advance(Duration::from_millis(1));
+        most = most.max(backend.len());
+    }
+    // States expire 1 s after their key's request; sweeps run every few thousand operations.
+    assert!(most < 10_000, "held up to {most} keys");
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(backend.sweep(), 0);
+}
+
+#[test]
+fn a_key_whose_state_expired_is_dropped_on_its_next_use() {
+    let clock = ManualClock::at_wall_clock_second();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let rules = RuleSet::new([Rule::fixed_window(1, Period::SECOND)]).unwrap();
+    backend.execute_now("k", &rules, Operation::Check { cost: 1 }).unwrap();
+    assert_eq!(backend.len(), 1);
+    clock.advance(Duration::from_secs(1));
+    // A peek at an expired state leaves nothing behind.
+    assert!(backend.execute_now("k", &rules, Operation::Check { cost: 0 }).unwrap().allowed());
+    assert_eq!(backend.len(), 0);
+}
+
+#[test]
+fn exactly_the_limit_is_admitted_across_threads() {
+    let y: Period = "1y".parse().unwrap();
+    let backend = Arc::new(MemoryBackend::new());
+    for rule in [
+        Rule::fixed_window(1000, y),
+        Rule::fixed_window_from_first_hit(1000, y),
+        Rule::sliding_window_log(1000, y),
+        Rule::sliding_window_counter(1000, y),
+        Rule::token_bucket(1000, 1000, y),
+        Rule::gcra(1000, y, 1000),
+        Rule::concurrency(1000, Period::HOUR),
+    ] {
+        let rules = RuleSet::new([rule.clone(), Rule::fixed_window(3000, y)]).unwrap();
+        let admitted = Arc::new(AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                let (backend, rules, admitted) = (&backend, &rules, &admitted);
+                s.spawn(move || {
+                    for _ in 0..625 {
+                        let id = LeaseId::random();
+                        let op = if rules.has_concurrency() {
+                            Operation::Acquire { cost: 1, lease: &id }
+                        } else {
+                            Operation::Check { cost: 1 }
+                        };
+                        if backend.execute_now("one-key", rules, op).unwrap().allowed() {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.load(Ordering::Relaxed), 1000, "{rule:?}");
+        let peek = backend.execute_now("one-key", &rules, Operation::Check { cost: 0 }).unwrap();
+        assert_eq!(peek.rules()[1].remaining, 2000, "{rule:?}: the second rule consumed exactly as much");
+        backend.reset_now("one-key", &rules).unwrap();
+    }
+}

@@ -1,0 +1,252 @@
+//! The Redis backend against private redis-servers: exactness under concurrency, a TTL on every
+//! key and nothing left behind, transparent script reloads, and fast errors from a dead or hung
+//! Redis.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tollgate_core::{Backend, Error, Period, Rule, RuleSet};
+use tollgate_redis::RedisBackend;
+use tollgate_testkit::RedisServer;
+
+fn backend(server: &RedisServer, connections: usize) -> RedisBackend {
+    RedisBackend::builder(server.url())
+        .connections(connections)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+fn p(text: &str) -> Period {
+    text.parse().unwrap()
+}
+
+/// 64 tasks race `total` requests of cost 1 at one key; returns how many were admitted.
+async fn race(backend: &Arc<RedisBackend>, key: &str, rules: &RuleSet, total: usize) -> usize {
+    const TASKS: usize = 64;
+    let mut handles = Vec::new();
+    for task in 0..TASKS {
+        let (backend, rules, key) = (backend.clone(), rules.clone(), key.to_owned());
+        let mine = total / TASKS + usize::from(task < total % TASKS);
+        handles.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            for _ in 0..mine {
+                let allowed = if rules.has_concurrency() {
+                    backend.acquire(&key, &rules, 1).await.unwrap().decision.allowed()
+                } else {
+                    backend.check(&key, &rules, 1).await.unwrap().allowed()
+                };
+                admitted += usize::from(allowed);
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for handle in handles {
+        admitted += handle.await.unwrap();
+    }
+    admitted
+}
+
+/// Rules that cannot refill or roll over during the test: 1,000 per (about) a year.
+fn year_long_rules() -> Vec<Rule> {
+    let y = p("1y");
+    vec![
+        Rule::fixed_window(1000, y),
+        Rule::fixed_window_from_first_hit(1000, y),
+        Rule::sliding_window_log(1000, y),
+        Rule::sliding_window_counter(1000, y),
+        Rule::token_bucket(1000, 1000, y),
+        Rule::gcra(1000, y, 1000),
+        Rule::concurrency(1000, p("1h")),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_the_limit_is_admitted_under_concurrency() {
+    let server = RedisServer::start();
+    let backend = Arc::new(backend(&server, 4));
+    for rule in year_long_rules() {
+        let rules = RuleSet::new([rule.clone()]).unwrap();
+        let admitted = race(&backend, &format!("race:{}", rule.algorithm()), &rules, 5000).await;
+        assert_eq!(admitted, 1000, "{rule:?}");
+    }
+
+    // Several rules: the tightest binds, and every rule consumed exactly that much.
+    let y = p("1y");
+    let rules = RuleSet::new([
+        Rule::sliding_window_log(2000, y),
+        Rule::fixed_window(1000, y),
+        Rule::token_bucket(1500, 1500, y),
+        Rule::gcra(3000, y, 3000),
+    ])
+    .unwrap();
+    assert_eq!(race(&backend, "race:multi", &rules, 5000).await, 1000);
+    let peek = backend.check("race:multi", &rules, 0).await.unwrap();
+    let remaining: Vec<u64> = peek.rules().iter().map(|o| o.remaining).collect();
+    assert_eq!(remaining, [1000, 0, 500, 2000]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_the_limit_is_admitted_at_one_frozen_instant() {
+    // Every request at the same microsecond: the log's per-instant ordinals must not collide.
+    let server = RedisServer::start();
+    let clock = tollgate_core::ManualClock::at_wall_clock_second();
+    let backend = Arc::new(
+        RedisBackend::builder(server.url())
+            .connections(4)
+            .timeout(Duration::from_secs(10))
+            .clock(clock)
+            .build()
+            .unwrap(),
+    );
+    for rule in [Rule::sliding_window_log(1000, Period::SECOND), Rule::concurrency(1000, Period::SECOND)] {
+        let rules = RuleSet::new([rule.clone()]).unwrap();
+        let admitted = race(&backend, &format!("frozen:{}", rule.algorithm()), &rules, 5000).await;
+        assert_eq!(admitted, 1000, "{rule:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_has_a_ttl_and_none_outlives_its_state() {
+    let server = RedisServer::start();
+    let backend = Arc::new(backend(&server, 2));
+    let ms = |n| Period::from_millis(n).unwrap();
+    let sets: Vec<RuleSet> = [
+        vec![Rule::fixed_window(3, ms(200)), Rule::gcra(10, ms(300), 2)],
+        vec![Rule::fixed_window_from_first_hit(3, ms(250))],
+        vec![Rule::sliding_window_log(4, ms(300)), Rule::sliding_window_counter(5, ms(200))],
+        vec![Rule::token_bucket(5, 2, ms(100))],
+        vec![Rule::concurrency(3, ms(300))],
+    ]
+    .into_iter()
+    .map(|r| RuleSet::new(r).unwrap())
+    .collect();
+
+    let running = Arc::new(AtomicBool::new(true));
+    let mut load = Vec::new();
+    for task in 0..8 {
+        let (backend, sets, running) = (backend.clone(), sets.clone(), running.clone());
+        load.push(tokio::spawn(async move {
+            let mut i = 0usize;
+            while running.load(Ordering::Relaxed) {
+                let rules = &sets[i % sets.len()];
+                let key = format!("leak:{}", (i * 7 + task) % 50);
+                let cost = (i % 3) as u64;
+                if rules.has_concurrency() {
+                    let a = backend.acquire(&key, rules, cost).await.unwrap();
+                    if let (Some(lease), true) = (a.lease, i.is_multiple_of(2)) {
+                        backend.release(&key, rules, &lease).await.unwrap();
+                    }
+                } else if i.is_multiple_of(11) {
+                    backend.refund(&key, rules, 1).await.unwrap();
+                } else {
+                    backend.check(&key, rules, cost).await.unwrap();
+                }
+                i += 1;
+            }
+            i
+        }));
+    }
+    // While the load runs, scan: no key may lack a TTL.
+    let start = Instant::now();
+    let mut seen = 0;
+    while start.elapsed() < Duration::from_millis(1500) {
+        for key in server.keys() {
+            let ttl: i64 = server.command(&["PTTL", &key]);
+            assert_ne!(ttl, -1, "{key} has no TTL");
+            seen += 1;
+        }
+    }
+    running.store(false, Ordering::Relaxed);
+    let mut operations = 0;
+    for task in load {
+        operations += task.await.unwrap();
+    }
+    assert!(seen > 0 && operations > 100, "the load ran ({operations} operations, {seen} keys seen)");
+
+    // Every state here is stale within 2 x 300 ms; keys outlive it by a 1 s margin at most.
+    tokio::time::sleep(Duration::from_millis(600 + 1000 + 900)).await;
+    assert_eq!(server.keys(), Vec::<String>::new(), "keys left behind");
+}
+
+#[tokio::test]
+async fn script_flush_is_invisible() {
+    let server = RedisServer::start();
+    let backend = backend(&server, 1);
+    let rules = RuleSet::new([Rule::fixed_window(5, Period::HOUR)]).unwrap();
+    assert_eq!(backend.check("k", &rules, 1).await.unwrap().remaining(), 4);
+    let _: () = server.command(&["SCRIPT", "FLUSH"]);
+    assert_eq!(backend.check("k", &rules, 1).await.unwrap().remaining(), 3);
+}
+
+#[tokio::test]
+async fn a_stopped_redis_errors_within_the_timeout() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let backend = RedisBackend::builder(server.url()).timeout(timeout).build().unwrap();
+    let rules = RuleSet::new([Rule::gcra(10, Period::SECOND, 10)]).unwrap();
+    assert!(backend.check("k", &rules, 1).await.unwrap().allowed());
+    server.kill();
+    for _ in 0..3 {
+        let start = Instant::now();
+        let err = backend.check("k", &rules, 1).await.unwrap_err();
+        let took = start.elapsed();
+        assert!(err.is_backend_failure(), "{err:?}");
+        assert!(matches!(err, Error::Unavailable(_) | Error::Timeout(_)), "{err:?}");
+        assert!(took < timeout + Duration::from_millis(500), "took {took:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_hung_redis_times_out_and_recovers() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let backend = RedisBackend::builder(server.url()).timeout(timeout).build().unwrap();
+    let rules = RuleSet::new([Rule::fixed_window(10, Period::HOUR)]).unwrap();
+    assert!(backend.check("k", &rules, 1).await.unwrap().allowed());
+    server.pause();
+    let start = Instant::now();
+    let err = backend.check("k", &rules, 1).await.unwrap_err();
+    let took = start.elapsed();
+    server.resume();
+    assert!(matches!(err, Error::Timeout(t) if t == timeout), "{err:?}");
+    assert!(took >= timeout && took < timeout + Duration::from_millis(500), "took {took:?}");
+    // Back to normal once Redis answers again (the timed-out check may or may not have run).
+    let mut recovered = None;
+    for _ in 0..20 {
+        if let Ok(d) = backend.check("k", &rules, 1).await {
+            recovered = Some(d);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let d = recovered.expect("no answer after Redis resumed");
+    assert!(d.allowed() && d.remaining() <= 8);
+}
+
+#[tokio::test]
+async fn keys_are_prefixed_tagged_and_named_by_rule() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url()).prefix("app").build().unwrap();
+    let rules =
+        RuleSet::new([Rule::fixed_window(5, Period::SECOND), Rule::gcra(1, Period::SECOND, 2)]).unwrap();
+    backend.check("user:{1}", &rules, 1).await.unwrap();
+    let mut keys = server.keys();
+    keys.sort();
+    assert_eq!(keys, ["app:{user:%7B1%7D}:fw:5:1000000", "app:{user:%7B1%7D}:gcra:1:1000000:2"]);
+    assert_eq!(keys, {
+        let mut k = backend.state_keys("user:{1}", &rules);
+        k.sort();
+        k
+    });
+    // Both keys hash to one cluster slot (asked of a cluster-enabled node).
+    let node = RedisServer::start_with(&["--cluster-enabled", "yes"]);
+    let slots: Vec<i64> = keys.iter().map(|k| node.command(&["CLUSTER", "KEYSLOT", k])).collect();
+    assert_eq!(slots[0], slots[1]);
+    let other: i64 = node.command(&["CLUSTER", "KEYSLOT", "app:{user:2}:fw:5:1000000"]);
+    assert_ne!(slots[0], other, "the tag, not the prefix, picks the slot");
+    backend.reset("user:{1}", &rules).await.unwrap();
+    assert!(server.keys().is_empty());
+}
