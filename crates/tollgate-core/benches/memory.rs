@@ -6,7 +6,6 @@
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main, measurement::WallTime};
@@ -34,6 +33,12 @@ fn cases() -> Vec<(&'static str, Rule)> {
     ]
 }
 
+/// The key of a thread's `i`-th decision: each thread walks its own stretch of the key space,
+/// so threads share no counter (which would bounce a cache line between cores).
+fn key(keys: &[String], thread: usize, i: u64) -> &String {
+    &keys[(thread * KEYS / 2 + i as usize) % KEYS]
+}
+
 /// Runs `op(thread, i)` `iters` times split over `threads` threads; returns the wall time.
 fn on_threads(threads: usize, iters: u64, op: &(dyn Fn(usize, u64) + Sync)) -> Duration {
     let per_thread = iters.div_ceil(threads as u64);
@@ -54,10 +59,8 @@ fn bench_threads(group: &mut BenchmarkGroup<'_, WallTime>, threads: usize, keys:
     for (name, rule) in cases() {
         let backend = MemoryBackend::new();
         let rules = RuleSet::new([rule]).unwrap();
-        let next = AtomicUsize::new(0);
-        let op = |_t: usize, _i: u64| {
-            let key = &keys[next.fetch_add(1, Ordering::Relaxed) % KEYS];
-            black_box(backend.execute_now(key, &rules, Operation::Check { cost: 1 }).unwrap());
+        let op = |t: usize, i: u64| {
+            black_box(backend.execute_now(key(keys, t, i), &rules, Operation::Check { cost: 1 }).unwrap());
         };
         group.bench_function(name, |b| b.iter_custom(|iters| on_threads(threads, iters, &op)));
     }
@@ -65,9 +68,8 @@ fn bench_threads(group: &mut BenchmarkGroup<'_, WallTime>, threads: usize, keys:
     // Concurrency: an acquire and its release, counted as one decision each.
     let backend = MemoryBackend::new();
     let rules = RuleSet::new([Rule::concurrency(100, Period::SECOND)]).unwrap();
-    let next = AtomicUsize::new(0);
-    let op = |_t: usize, i: u64| {
-        let key = &keys[next.fetch_add(1, Ordering::Relaxed) % KEYS];
+    let op = |t: usize, i: u64| {
+        let key = key(keys, t, i / 2);
         if i.is_multiple_of(2) {
             let id = LeaseId::random();
             black_box(backend.execute_now(key, &rules, Operation::Acquire { cost: 1, lease: &id }).unwrap());
@@ -82,19 +84,15 @@ fn bench_threads(group: &mut BenchmarkGroup<'_, WallTime>, threads: usize, keys:
     // Five rules of different algorithms in one all-or-nothing check.
     let backend = MemoryBackend::new();
     let rules = RuleSet::new(cases().into_iter().map(|(_, r)| r)).unwrap();
-    let next = AtomicUsize::new(0);
-    let op = |_t: usize, _i: u64| {
-        let key = &keys[next.fetch_add(1, Ordering::Relaxed) % KEYS];
-        black_box(backend.execute_now(key, &rules, Operation::Check { cost: 1 }).unwrap());
+    let op = |t: usize, i: u64| {
+        black_box(backend.execute_now(key(keys, t, i), &rules, Operation::Check { cost: 1 }).unwrap());
     };
     group.bench_function("five rules at once", |b| b.iter_custom(|iters| on_threads(threads, iters, &op)));
 
     // Reference: governor's keyed GCRA with the same quota and keys.
     let limiter = RateLimiter::keyed(Quota::per_second(NonZeroU32::new(PER_SECOND as u32).unwrap()));
-    let next = AtomicUsize::new(0);
-    let op = |_t: usize, _i: u64| {
-        let key = &keys[next.fetch_add(1, Ordering::Relaxed) % KEYS];
-        let _ = black_box(limiter.check_key(key));
+    let op = |t: usize, i: u64| {
+        let _ = black_box(limiter.check_key(key(keys, t, i)));
     };
     group.bench_function("governor keyed gcra (reference)", |b| {
         b.iter_custom(|iters| on_threads(threads, iters, &op))

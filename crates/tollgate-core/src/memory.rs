@@ -1,19 +1,21 @@
 //! [`MemoryBackend`]: rule states in process memory, the embedded default.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use async_trait::async_trait;
 use dashmap::DashMap;
+use smallvec::SmallVec;
 
 use crate::algorithm::{self, State, States};
 use crate::limits::MAX_RULES;
 use crate::operation::validate_key;
 use crate::{Backend, Clock, Decision, Error, Operation, RuleSet, SystemClock};
 
-/// Sweeps for expired keys run after at least this many operations, and after at least as many
-/// operations as there were keys at the last sweep, so sweeping costs O(1) per operation.
-const MIN_OPS_BETWEEN_SWEEPS: u64 = 4096;
+/// Sweeps for expired state run at most once a second, and at most once per microsecond per key
+/// held (10 s apart with 10 million keys), so their cost stays a small share of one core while
+/// expired state lingers only briefly. Deciding whether one is due reads one shared atomic.
+const MIN_MICROS_BETWEEN_SWEEPS: i64 = 1_000_000;
 
 /// One rule's state for a key.
 #[derive(Debug)]
@@ -24,17 +26,18 @@ struct Slot {
     expires_at: i64,
 }
 
-/// A key's states under every rule it has been checked with.
+/// A key's states under every rule it has been checked with (usually one or two, kept inline
+/// so a lookup touches one allocation less).
 #[derive(Debug, Default)]
 struct Entry {
-    slots: Vec<Slot>,
+    slots: SmallVec<[Slot; 2]>,
     /// The latest of the slots' expiries: the entry can go then.
     expires_at: i64,
 }
 
 /// Rule states in process memory: concurrent (sharded by [`DashMap`]), with an injectable
-/// clock, and bounded under key churn: a key's state is dropped once it has expired, on its next
-/// use or by a periodic sweep, so a stream of one-off keys does not grow memory forever.
+/// clock, and bounded under key churn: state that has expired (become the same as no state) is
+/// dropped by a periodic sweep, so a stream of one-off keys does not grow memory forever.
 ///
 /// All the rules of one operation are decided under one shard lock, so a check is atomic
 /// across its rules.
@@ -64,8 +67,8 @@ struct Entry {
 pub struct MemoryBackend<C: Clock = SystemClock> {
     map: DashMap<Box<str>, Entry>,
     clock: C,
-    operations: AtomicU64,
-    next_sweep: AtomicU64,
+    /// When the next sweep is due (microseconds since the epoch); `i64::MAX` while one runs.
+    next_sweep: AtomicI64,
 }
 
 impl MemoryBackend<SystemClock> {
@@ -81,10 +84,10 @@ impl Default for MemoryBackend<SystemClock> {
     }
 }
 
-/// The states of one operation's rules, found (or created) among a key's slots.
+/// The states of one operation's rules among a key's slots: rule `i` is `slots[index[i]]`.
 struct Found<'a> {
     slots: &'a mut [Slot],
-    index: [usize; MAX_RULES],
+    index: &'a [usize; MAX_RULES],
 }
 
 impl States for Found<'_> {
@@ -94,10 +97,13 @@ impl States for Found<'_> {
 }
 
 impl Entry {
-    fn find(&mut self, rules: &RuleSet) -> Found<'_> {
+    /// Finds (or creates) each rule's slot.
+    fn find(&mut self, rules: &RuleSet) -> [usize; MAX_RULES] {
         let mut index = [0; MAX_RULES];
         for (i, rule) in rules.compiled().iter().enumerate() {
-            index[i] = match self.slots.iter().position(|s| s.signature == rule.signature) {
+            // The same rule set's signatures are the same allocation: compare pointers first.
+            let same = |s: &Slot| Arc::ptr_eq(&s.signature, &rule.signature) || s.signature == rule.signature;
+            let at = match self.slots.iter().position(same) {
                 Some(at) => at,
                 None => {
                     self.slots.push(Slot {
@@ -108,31 +114,31 @@ impl Entry {
                     self.slots.len() - 1
                 }
             };
+            index[i] = at;
         }
-        Found { slots: &mut self.slots, index }
+        index
     }
 
-    /// Records the new expiry of the rules' slots and drops every slot that has expired.
-    fn settle(&mut self, rules: &RuleSet, now: i64) {
-        for rule in rules.compiled() {
-            if let Some(slot) = self.slots.iter_mut().find(|s| s.signature == rule.signature) {
-                slot.expires_at = rule.algo.expires_at(&mut slot.state).unwrap_or(i64::MIN);
-            }
+    /// Records the new expiry of the rules' slots.
+    fn settle(&mut self, rules: &RuleSet, index: &[usize; MAX_RULES]) {
+        for (i, rule) in rules.compiled().iter().enumerate() {
+            let slot = &mut self.slots[index[i]];
+            slot.expires_at = rule.algo.expires_at(&mut slot.state).unwrap_or(i64::MIN);
         }
-        self.slots.retain(|s| s.expires_at > now);
         self.expires_at = self.slots.iter().map(|s| s.expires_at).max().unwrap_or(i64::MIN);
+    }
+
+    /// Drops expired slots; false when none is left.
+    fn prune(&mut self, now: i64) -> bool {
+        self.slots.retain(|s| s.expires_at > now);
+        !self.slots.is_empty()
     }
 }
 
 impl<C: Clock> MemoryBackend<C> {
     /// A backend on `clock`.
     pub fn with_clock(clock: C) -> Self {
-        MemoryBackend {
-            map: DashMap::new(),
-            clock,
-            operations: AtomicU64::new(0),
-            next_sweep: AtomicU64::new(MIN_OPS_BETWEEN_SWEEPS),
-        }
+        MemoryBackend { map: DashMap::new(), clock, next_sweep: AtomicI64::new(i64::MIN) }
     }
 
     /// The backend's clock.
@@ -144,19 +150,18 @@ impl<C: Clock> MemoryBackend<C> {
     /// can use this instead of [`Backend::execute`].
     pub fn execute_now(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
         op.validate(key, rules)?;
-        let now = i64::try_from(self.clock.now().as_micros()).unwrap_or(i64::MAX);
-        let (decision, emptied) = {
+        let now = self.now();
+        let decision = {
             let mut entry = match self.map.get_mut(key) {
                 Some(entry) => entry,
                 None => self.map.entry(key.into()).or_default(),
             };
-            let decision = algorithm::run(rules, now, &op, &mut entry.find(rules));
-            entry.settle(rules, now);
-            (decision, entry.slots.is_empty())
+            let index = entry.find(rules);
+            let decision =
+                algorithm::run(rules, now, &op, &mut Found { slots: &mut entry.slots, index: &index });
+            entry.settle(rules, &index);
+            decision
         };
-        if emptied {
-            self.map.remove_if(key, |_, entry| entry.slots.is_empty());
-        }
         self.maybe_sweep(now);
         Ok(decision)
     }
@@ -164,16 +169,15 @@ impl<C: Clock> MemoryBackend<C> {
     /// Forgets `key`'s state under `rules`, synchronously.
     pub fn reset_now(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
         validate_key(key)?;
-        let now = i64::try_from(self.clock.now().as_micros()).unwrap_or(i64::MAX);
-        if let Some(mut entry) = self.map.get_mut(key) {
+        self.map.remove_if_mut(key, |_, entry| {
             entry.slots.retain(|slot| !rules.signatures().any(|s| s == &*slot.signature));
-            entry.settle(rules, now);
-        }
-        self.map.remove_if(key, |_, entry| entry.slots.is_empty());
+            entry.expires_at = entry.slots.iter().map(|s| s.expires_at).max().unwrap_or(i64::MIN);
+            entry.slots.is_empty()
+        });
         Ok(())
     }
 
-    /// Number of keys holding state (expired ones included until swept).
+    /// Number of keys holding state (expired state included until swept).
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -183,23 +187,26 @@ impl<C: Clock> MemoryBackend<C> {
         self.map.is_empty()
     }
 
-    /// Drops every key whose state has expired; returns the number of keys left.
+    /// Drops all expired state now; returns the number of keys left.
     pub fn sweep(&self) -> usize {
-        let now = i64::try_from(self.clock.now().as_micros()).unwrap_or(i64::MAX);
-        self.map.retain(|_, entry| entry.expires_at > now);
+        let now = self.now();
+        self.map.retain(|_, entry| entry.prune(now));
         self.map.len()
     }
 
+    fn now(&self) -> i64 {
+        i64::try_from(self.clock.now().as_micros()).unwrap_or(i64::MAX)
+    }
+
     fn maybe_sweep(&self, now: i64) {
-        let done = self.operations.fetch_add(1, Ordering::Relaxed) + 1;
         let due = self.next_sweep.load(Ordering::Relaxed);
         // One caller claims the sweep; the others carry on.
-        if done >= due
-            && self.next_sweep.compare_exchange(due, u64::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        if now >= due
+            && self.next_sweep.compare_exchange(due, i64::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok()
         {
-            self.map.retain(|_, entry| entry.expires_at > now);
-            let left = self.map.len() as u64;
-            self.next_sweep.store(done + left.max(MIN_OPS_BETWEEN_SWEEPS), Ordering::Release);
+            let left = self.sweep();
+            let pause = MIN_MICROS_BETWEEN_SWEEPS.max(i64::try_from(left).unwrap_or(i64::MAX));
+            self.next_sweep.store(now.saturating_add(pause), Ordering::Release);
         }
     }
 }

@@ -24,23 +24,31 @@ fn memory_stays_bounded_under_key_churn() {
         clock.advance(Duration::from_millis(1));
         most = most.max(backend.len());
     }
-    // States expire 1 s after their key's request; sweeps run every few thousand operations.
-    assert!(most < 10_000, "held up to {most} keys");
+    // States expire 1 s after their key's request; sweeps run every simulated second.
+    assert!(most <= 2_000, "held up to {most} keys");
     clock.advance(Duration::from_secs(2));
     assert_eq!(backend.sweep(), 0);
 }
 
 #[test]
-fn a_key_whose_state_expired_is_dropped_on_its_next_use() {
+fn expired_state_is_swept_and_live_state_is_kept() {
     let clock = ManualClock::at_wall_clock_second();
     let backend = MemoryBackend::with_clock(clock.clone());
-    let rules = RuleSet::new([Rule::fixed_window(1, Period::SECOND)]).unwrap();
-    backend.execute_now("k", &rules, Operation::Check { cost: 1 }).unwrap();
-    assert_eq!(backend.len(), 1);
+    let short = RuleSet::new([Rule::fixed_window(1, Period::SECOND)]).unwrap();
+    let long = RuleSet::new([Rule::fixed_window(1, Period::HOUR)]).unwrap();
+    backend.execute_now("short", &short, Operation::Check { cost: 1 }).unwrap();
+    backend.execute_now("long", &long, Operation::Check { cost: 1 }).unwrap();
+    backend.execute_now("both", &short, Operation::Check { cost: 1 }).unwrap();
+    backend.execute_now("both", &long, Operation::Check { cost: 1 }).unwrap();
+    // A peek at a key with no state leaves nothing that outlives the next sweep.
+    backend.execute_now("peeked", &long, Operation::Check { cost: 0 }).unwrap();
     clock.advance(Duration::from_secs(1));
-    // A peek at an expired state leaves nothing behind.
-    assert!(backend.execute_now("k", &rules, Operation::Check { cost: 0 }).unwrap().allowed());
-    assert_eq!(backend.len(), 0);
+    assert_eq!(backend.sweep(), 2);
+    // "both" kept its live hourly state.
+    assert!(!backend.execute_now("both", &long, Operation::Check { cost: 1 }).unwrap().allowed());
+    assert!(backend.execute_now("both", &short, Operation::Check { cost: 1 }).unwrap().allowed());
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(backend.sweep(), 0);
 }
 
 #[test]

@@ -25,6 +25,8 @@ mod token_bucket;
 
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::decision::{LeaseId, RuleOutcome};
 use crate::rule::{Align, RuleKind};
 use crate::{Decision, Operation, RuleSet};
@@ -290,11 +292,9 @@ pub(crate) fn run(rules: &RuleSet, now: i64, op: &Operation<'_>, states: &mut im
         Operation::Refund { .. } | Operation::Release { .. } => (0, None),
     };
     let probe = cost.max(1);
-    let mut verdicts = [Verdict::ADMIT; crate::limits::MAX_RULES];
-    for (i, rule) in compiled.iter().enumerate() {
-        verdicts[i] = rule.algo.decide(states.get(i), now, probe);
-    }
-    let admitted = verdicts[..compiled.len()].iter().all(|v| v.admits);
+    let verdicts: SmallVec<[Verdict; 8]> =
+        compiled.iter().enumerate().map(|(i, rule)| rule.algo.decide(states.get(i), now, probe)).collect();
+    let admitted = verdicts.iter().all(|v| v.admits);
     if admitted && cost > 0 {
         for (i, rule) in compiled.iter().enumerate() {
             rule.algo.consume(states.get(i), now, cost, lease);

@@ -34,9 +34,12 @@ impl SlidingWindowLog {
 
     pub fn refresh(&self, s: &mut State, now: i64) {
         // Entries at or before `now - period` have left the window.
-        let kept = s.units.split_off(&(now - self.period + 1));
-        let expired = std::mem::replace(&mut s.units, kept);
-        s.total -= expired.values().sum::<u64>();
+        while let Some(oldest) = s.units.first_entry() {
+            if *oldest.key() > now - self.period {
+                break;
+            }
+            s.total -= oldest.remove();
+        }
     }
 
     pub fn decide(&self, s: &State, now: i64, probe: u64) -> Verdict {
