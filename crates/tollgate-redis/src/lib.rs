@@ -24,14 +24,14 @@
 
 mod keys;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, ServerErrorKind};
-use tollgate_core::algorithm::lua::{self, Arg};
+use tollgate_core::algorithm::lua::{self, Arg, Variant};
 use tollgate_core::{Backend, Clock, Decision, Error, Operation, RuleSet, validate_key};
 
 pub use keys::PrefixError;
@@ -113,7 +113,7 @@ impl RedisBackendBuilder {
         Ok(RedisBackend {
             connections: connections.into(),
             next: AtomicUsize::new(0),
-            script: Script::new(lua::SCRIPT),
+            scripts: std::array::from_fn(|_| OnceLock::new()),
             prefix: self.prefix.into(),
             timeout: self.timeout,
             clock: self.clock,
@@ -125,7 +125,8 @@ impl RedisBackendBuilder {
 pub struct RedisBackend {
     connections: Box<[ConnectionManager]>,
     next: AtomicUsize,
-    script: Script,
+    /// One prepared script (source and SHA1) per variant, made on first use.
+    scripts: [OnceLock<Script>; Variant::COUNT],
     prefix: Arc<str>,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
@@ -207,7 +208,9 @@ impl Backend for RedisBackend {
     async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
         op.validate(key, rules)?;
         let now = self.clock.as_ref().map(|c| c.now());
-        let mut invocation = self.script.prepare_invoke();
+        let variant = Variant::of(rules);
+        let script = self.scripts[variant.index()].get_or_init(|| Script::new(variant.source()));
+        let mut invocation = script.prepare_invoke();
         for state_key in self.state_keys(key, rules) {
             invocation.key(state_key);
         }

@@ -3,11 +3,10 @@
 -- KEYS[i]: the state of rule i (all keys share one hash tag, so this runs on Redis Cluster).
 -- ARGV: operation ('check', 'acquire', 'refund' or 'release'); now in microseconds ('' to use
 --   Redis's own clock); amount (the cost, or the refund); lease id; lease units; then five
---   numbers per rule: its algorithm (the index into ALGORITHMS) and four parameters.
+--   numbers per rule: its algorithm (its number in ALGORITHMS) and four parameters.
 -- Reply: {now, then per rule: admitted (1 or 0), remaining, reset_after, retry_after}, times in
 --   microseconds.
 
-local ALGORITHMS = {fixed_window, sliding_window_log, sliding_window_counter, gcra, concurrency}
 local HEADER = 5
 local PER_RULE = 5
 

@@ -1,23 +1,68 @@
-//! The algorithms' Lua twins as one script, and its calling convention, for backends that run
+//! The algorithms' Lua twins as scripts, and their calling convention, for backends that run
 //! the algorithms inside Redis (`tollgate-redis`). Nothing here talks to Redis.
 //!
-//! The script is assembled from the `.lua` file beside each algorithm's Rust module, with
-//! `engine.lua` (the phases of an operation) last. One invocation runs one [`Operation`] on a
-//! whole rule set, whatever the number of rules, atomically.
+//! A script is `prelude.lua`, the `.lua` file beside each algorithm's Rust module that the rule
+//! set uses, and `engine.lua` (the phases of an operation) last. One invocation runs one
+//! [`Operation`] on a whole rule set, whatever the number of rules, atomically.
+//!
+//! There is one script [`Variant`] per set of algorithms used, because Lua defines every
+//! function of a script on every call: defining all five algorithms costs Redis about 8 us per
+//! call, several times the work of a fixed-window check.
+
+use std::sync::OnceLock;
 
 use super::{Algo, Report, Verdict, to_i64};
 use crate::{Align, Decision, Operation, RuleSet, Timestamp};
 
-/// The script's source.
-pub const SCRIPT: &str = concat!(
-    include_str!("prelude.lua"),
+/// Each algorithm's Lua, by its number in the script's `ALGORITHMS` (index + 1).
+const ALGORITHMS: [&str; 5] = [
     include_str!("fixed_window.lua"),
     include_str!("sliding_window_log.lua"),
     include_str!("sliding_window_counter.lua"),
     include_str!("gcra.lua"),
     include_str!("concurrency.lua"),
-    include_str!("engine.lua"),
-);
+];
+
+/// The script a rule set needs: the prelude, the algorithms it uses, the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Variant(u8);
+
+impl Variant {
+    /// How many variants there are (`0..COUNT` covers every [`index`](Variant::index)).
+    pub const COUNT: usize = 1 << ALGORITHMS.len();
+    /// The variant with every algorithm.
+    pub const ALL: Variant = Variant((Self::COUNT - 1) as u8);
+
+    /// The variant `rules` needs.
+    pub fn of(rules: &RuleSet) -> Variant {
+        Variant(rules.compiled().iter().fold(0, |mask, rule| mask | 1 << (rule.algo.lua_args()[0] - 1)))
+    }
+
+    /// A dense index, for caching one prepared script per variant.
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+
+    /// The script's source.
+    pub fn source(self) -> &'static str {
+        static SOURCES: OnceLock<Vec<String>> = OnceLock::new();
+        let sources = SOURCES.get_or_init(|| {
+            (0..Self::COUNT)
+                .map(|mask| {
+                    let mut source = String::from(include_str!("prelude.lua"));
+                    for (i, algorithm) in ALGORITHMS.iter().enumerate() {
+                        if mask & (1 << i) != 0 {
+                            source.push_str(algorithm);
+                        }
+                    }
+                    source.push_str(include_str!("engine.lua"));
+                    source
+                })
+                .collect()
+        });
+        &sources[self.index()]
+    }
+}
 
 /// One of the script's arguments (`ARGV`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +82,7 @@ pub struct ReplyError {
 }
 
 impl Algo {
-    /// The algorithm's index in `engine.lua`'s `ALGORITHMS` and its four parameters.
+    /// The algorithm's number in the script's `ALGORITHMS` and its four parameters.
     fn lua_args(&self) -> [i64; 5] {
         match self {
             Algo::FixedWindow(a) => [1, to_i64(a.limit), a.period, i64::from(a.align == Align::FirstHit), 0],
@@ -83,14 +128,33 @@ pub fn decode(rules: &RuleSet, reply: &[i64]) -> Result<(Timestamp, Decision), R
         return Err(ReplyError { expected, got: reply.len() });
     }
     let now = Timestamp::from_micros(u64::try_from(reply[0]).unwrap_or(0));
-    let outcomes = reply[1..]
-        .chunks_exact(4)
-        .enumerate()
-        .map(|(i, r)| {
-            let verdict = Verdict { admits: r[0] == 1, retry_after: r[3] };
-            let report = Report { remaining: u64::try_from(r[1]).unwrap_or(0), reset_after: r[2] };
-            rules.outcome(i, verdict, report)
-        })
-        .collect();
-    Ok((now, Decision::from_outcomes(outcomes)))
+    let outcomes = reply[1..].chunks_exact(4).enumerate().map(|(i, r)| {
+        let verdict = Verdict { admits: r[0] == 1, retry_after: r[3] };
+        let report = Report { remaining: u64::try_from(r[1]).unwrap_or(0), reset_after: r[2] };
+        rules.outcome(i, verdict, report)
+    });
+    Ok((now, Decision::from_outcomes(outcomes.collect())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Period, Rule};
+
+    #[test]
+    fn a_variant_holds_only_the_algorithms_used() {
+        let rules = RuleSet::new([
+            Rule::fixed_window(1, Period::SECOND),
+            Rule::token_bucket(1, 1, Period::SECOND),
+            Rule::fixed_window_from_first_hit(2, Period::SECOND),
+        ])
+        .unwrap();
+        let source = Variant::of(&rules).source();
+        assert!(source.contains("ALGORITHMS[1] = fixed_window"));
+        assert!(source.contains("ALGORITHMS[4] = gcra"));
+        assert!(!source.contains("ALGORITHMS[2]") && !source.contains("ALGORITHMS[5]"));
+        assert!(source.ends_with("return reply\n"));
+        let all = Variant::ALL.source();
+        assert!((1..=5).all(|n| all.contains(&format!("ALGORITHMS[{n}] = "))));
+    }
 }

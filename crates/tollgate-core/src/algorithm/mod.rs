@@ -25,8 +25,6 @@ mod token_bucket;
 
 use std::time::Duration;
 
-use smallvec::SmallVec;
-
 use crate::decision::{LeaseId, RuleOutcome};
 use crate::rule::{Align, RuleKind};
 use crate::{Decision, Operation, RuleSet};
@@ -292,22 +290,25 @@ pub(crate) fn run(rules: &RuleSet, now: i64, op: &Operation<'_>, states: &mut im
         Operation::Refund { .. } | Operation::Release { .. } => (0, None),
     };
     let probe = cost.max(1);
-    let verdicts: SmallVec<[Verdict; 8]> =
-        compiled.iter().enumerate().map(|(i, rule)| rule.algo.decide(states.get(i), now, probe)).collect();
-    let admitted = verdicts.iter().all(|v| v.admits);
+    let mut outcomes: Vec<RuleOutcome> = compiled
+        .iter()
+        .enumerate()
+        .map(|(i, rule)| {
+            let verdict = rule.algo.decide(states.get(i), now, probe);
+            rules.outcome(i, verdict, Report { remaining: 0, reset_after: 0 })
+        })
+        .collect();
+    let admitted = outcomes.iter().all(|o| o.allowed);
     if admitted && cost > 0 {
         for (i, rule) in compiled.iter().enumerate() {
             rule.algo.consume(states.get(i), now, cost, lease);
         }
     }
-    let outcomes = compiled
-        .iter()
-        .enumerate()
-        .map(|(i, rule)| {
-            let report = rule.algo.report(states.get(i), now);
-            rules.outcome(i, verdicts[i], report)
-        })
-        .collect();
+    for (i, (rule, outcome)) in compiled.iter().zip(&mut outcomes).enumerate() {
+        let report = rule.algo.report(states.get(i), now);
+        outcome.remaining = report.remaining;
+        outcome.reset_after = micros(report.reset_after);
+    }
     Decision::from_outcomes(outcomes)
 }
 

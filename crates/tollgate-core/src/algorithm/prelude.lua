@@ -1,6 +1,7 @@
 -- Tollgate's Lua twins of the algorithms in crates/tollgate-core/src/algorithm/*.rs, run by
--- tollgate-redis as one script. This prelude holds the helpers they share; engine.lua, at the
--- end of the script, runs one operation over a rule set.
+-- tollgate-redis. A script is this prelude, the algorithms a rule set uses (each registers
+-- itself in ALGORITHMS under the number lua.rs gives it), and engine.lua, which runs one
+-- operation over the rule set.
 --
 -- Numbers are doubles. Every value computed stays below 2^53, where doubles are exact
 -- integers, so these twins compute bit for bit what the Rust ones do. Numbers are turned into
@@ -11,6 +12,9 @@
 -- late expiry changes nothing, while an early one would lose state whenever Redis's clock runs
 -- ahead of the `now` the script was given (an explicit `now` in tests).
 local TTL_MARGIN_MS = 1000
+
+-- The algorithms in this script, by number.
+local ALGORITHMS = {}
 
 local function int(x)
   return string.format('%d', x)

@@ -93,3 +93,5 @@ function sliding_window_counter.report(st, now)
   end
   return left, reset_after
 end
+
+ALGORITHMS[3] = sliding_window_counter
