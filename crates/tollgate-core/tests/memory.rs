@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tollgate_core::{LeaseId, ManualClock, MemoryBackend, Operation, Period, Rule, RuleSet};
+use tollgate_testkit::conformance::one_of_each;
 
 #[test]
 fn memory_stays_bounded_under_key_churn() {
@@ -55,15 +56,7 @@ fn expired_state_is_swept_and_live_state_is_kept() {
 fn exactly_the_limit_is_admitted_across_threads() {
     let y: Period = "1y".parse().unwrap();
     let backend = Arc::new(MemoryBackend::new());
-    for rule in [
-        Rule::fixed_window(1000, y),
-        Rule::fixed_window_from_first_hit(1000, y),
-        Rule::sliding_window_log(1000, y),
-        Rule::sliding_window_counter(1000, y),
-        Rule::token_bucket(1000, 1000, y),
-        Rule::gcra(1000, y, 1000),
-        Rule::concurrency(1000, Period::HOUR),
-    ] {
+    for rule in one_of_each(1000, y) {
         let rules = RuleSet::new([rule.clone(), Rule::fixed_window(3000, y)]).unwrap();
         let admitted = Arc::new(AtomicUsize::new(0));
         std::thread::scope(|s| {

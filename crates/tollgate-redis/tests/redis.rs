@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tollgate_core::{Backend, Error, Period, Rule, RuleSet};
 use tollgate_redis::RedisBackend;
 use tollgate_testkit::RedisServer;
+use tollgate_testkit::conformance::one_of_each;
 
 fn backend(server: &RedisServer, connections: usize) -> RedisBackend {
     RedisBackend::builder(server.url())
@@ -49,25 +50,12 @@ async fn race(backend: &Arc<RedisBackend>, key: &str, rules: &RuleSet, total: us
     admitted
 }
 
-/// Rules that cannot refill or roll over during the test: 1,000 per (about) a year.
-fn year_long_rules() -> Vec<Rule> {
-    let y = p("1y");
-    vec![
-        Rule::fixed_window(1000, y),
-        Rule::fixed_window_from_first_hit(1000, y),
-        Rule::sliding_window_log(1000, y),
-        Rule::sliding_window_counter(1000, y),
-        Rule::token_bucket(1000, 1000, y),
-        Rule::gcra(1000, y, 1000),
-        Rule::concurrency(1000, p("1h")),
-    ]
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exactly_the_limit_is_admitted_under_concurrency() {
     let server = RedisServer::start();
     let backend = Arc::new(backend(&server, 4));
-    for rule in year_long_rules() {
+    // 1,000 per (about) a year: nothing refills or rolls over during the test.
+    for rule in one_of_each(1000, p("1y")) {
         let rules = RuleSet::new([rule.clone()]).unwrap();
         let admitted = race(&backend, &format!("race:{}", rule.algorithm()), &rules, 5000).await;
         assert_eq!(admitted, 1000, "{rule:?}");

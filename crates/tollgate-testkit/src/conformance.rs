@@ -37,17 +37,17 @@ fn set(rules: impl IntoIterator<Item = Rule>) -> RuleSet {
     RuleSet::new(rules).unwrap()
 }
 
-/// One rule of every algorithm, each admitting 5 units at once.
-pub fn one_of_each(period_text: &str) -> Vec<Rule> {
-    let p = period(period_text);
+/// One rule of every algorithm (both fixed-window alignments), each admitting `limit` units at
+/// once and `limit` per `period` (`period` is also the concurrency rule's lease).
+pub fn one_of_each(limit: u64, period: Period) -> Vec<Rule> {
     vec![
-        Rule::fixed_window(5, p),
-        Rule::fixed_window_from_first_hit(5, p),
-        Rule::sliding_window_log(5, p),
-        Rule::sliding_window_counter(5, p),
-        Rule::token_bucket(5, 5, p),
-        Rule::gcra(5, p, 5),
-        Rule::concurrency(5, p),
+        Rule::fixed_window(limit, period),
+        Rule::fixed_window_from_first_hit(limit, period),
+        Rule::sliding_window_log(limit, period),
+        Rule::sliding_window_counter(limit, period),
+        Rule::token_bucket(limit, limit, period),
+        Rule::gcra(limit, period, limit),
+        Rule::concurrency(limit, period),
     ]
 }
 
@@ -295,7 +295,7 @@ pub async fn concurrency_leases(h: &Harness<impl Backend>) {
 
 /// A peek (cost 0) reports without consuming, for every algorithm.
 pub async fn peek_consumes_nothing(h: &Harness<impl Backend>) {
-    for rule in one_of_each("1h") {
+    for rule in one_of_each(5, Period::HOUR) {
         let rules = set([rule.clone()]);
         let key = h.key("peek");
         assert!(h.take(&key, &rules, 4).await.allowed(), "{rule:?}");
@@ -314,7 +314,7 @@ pub async fn peek_consumes_nothing(h: &Harness<impl Backend>) {
 
 /// Reset puts every algorithm back to full.
 pub async fn reset_restores_full(h: &Harness<impl Backend>) {
-    let rules = set(one_of_each("1h"));
+    let rules = set(one_of_each(5, Period::HOUR));
     let key = h.key("reset");
     assert!(h.take(&key, &rules, 5).await.allowed());
     assert!(!h.take(&key, &rules, 1).await.allowed());
@@ -326,7 +326,7 @@ pub async fn reset_restores_full(h: &Harness<impl Backend>) {
 
 /// Refund gives units back (never beyond full); concurrency rules ignore it.
 pub async fn refund_gives_back(h: &Harness<impl Backend>) {
-    for rule in one_of_each("1h").into_iter().filter(|r| r.algorithm().as_str() != "concurrency") {
+    for rule in one_of_each(5, Period::HOUR).into_iter().filter(|r| r.algorithm().as_str() != "concurrency") {
         let rules = set([rule.clone()]);
         let key = h.key("refund");
         assert!(h.check(&key, &rules, 3).await.allowed());
@@ -344,7 +344,7 @@ pub async fn refund_gives_back(h: &Harness<impl Backend>) {
 
 /// A cost that can never fit is an error, not a denial; so is bad input.
 pub async fn bad_input_is_an_error(h: &Harness<impl Backend>) {
-    for (index, rule) in one_of_each("1h").into_iter().enumerate() {
+    for (index, rule) in one_of_each(5, Period::HOUR).into_iter().enumerate() {
         let rules = set([Rule::fixed_window(100, Period::HOUR), rule.clone().named("r")]);
         let key = h.key("cost");
         let err = if rules.has_concurrency() {
@@ -398,7 +398,7 @@ pub async fn multi_rule_all_or_nothing(h: &Harness<impl Backend>) {
 
 /// After a denial, waiting `retry_after` is enough for the same cost, for every algorithm.
 pub async fn retry_after_is_honest(h: &Harness<impl Backend>) {
-    for rule in one_of_each("700ms") {
+    for rule in one_of_each(5, period("700ms")) {
         let rules = set([rule.clone()]);
         let key = h.key("retry");
         for (round, cost) in [1u64, 3, 2, 5, 1, 4, 2, 2, 3].into_iter().enumerate() {
