@@ -125,6 +125,11 @@ impl Entry {
             let slot = &mut self.slots[index[i]];
             slot.expires_at = rule.algo.expires_at(&mut slot.state).unwrap_or(i64::MIN);
         }
+        self.refresh_expiry();
+    }
+
+    /// The entry can go when its last slot has expired.
+    fn refresh_expiry(&mut self) {
         self.expires_at = self.slots.iter().map(|s| s.expires_at).max().unwrap_or(i64::MIN);
     }
 
@@ -171,7 +176,7 @@ impl<C: Clock> MemoryBackend<C> {
         validate_key(key)?;
         self.map.remove_if_mut(key, |_, entry| {
             entry.slots.retain(|slot| !rules.signatures().any(|s| s == &*slot.signature));
-            entry.expires_at = entry.slots.iter().map(|s| s.expires_at).max().unwrap_or(i64::MIN);
+            entry.refresh_expiry();
             entry.slots.is_empty()
         });
         Ok(())

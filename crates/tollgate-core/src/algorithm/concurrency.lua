@@ -66,5 +66,3 @@ function concurrency.report(st, now)
   end
   return math.max(st.limit - st.count, 0), reset_after
 end
-
-ALGORITHMS[5] = concurrency

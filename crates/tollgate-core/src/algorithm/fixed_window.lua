@@ -65,5 +65,3 @@ function fixed_window.report(st, now)
   end
   return math.max(st.limit - st.count, 0), reset_after
 end
-
-ALGORITHMS[1] = fixed_window

@@ -124,5 +124,3 @@ function gcra.report(st, now)
   local dw, df = debt(st, now)
   return st.capacity - units_owed(st, dw, df), ceil_micros(dw, df)
 end
-
-ALGORITHMS[4] = gcra

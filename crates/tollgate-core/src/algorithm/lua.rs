@@ -14,13 +14,15 @@ use std::sync::OnceLock;
 use super::{Algo, Report, Verdict, to_i64};
 use crate::{Align, Decision, Operation, RuleSet, Timestamp};
 
-/// Each algorithm's Lua, by its number in the script's `ALGORITHMS` (index + 1).
-const ALGORITHMS: [&str; 5] = [
-    include_str!("fixed_window.lua"),
-    include_str!("sliding_window_log.lua"),
-    include_str!("sliding_window_counter.lua"),
-    include_str!("gcra.lua"),
-    include_str!("concurrency.lua"),
+/// Each algorithm's Lua table name and source. Its position + 1 is its number in the script's
+/// `ALGORITHMS` (the first script argument of each rule); [`Algo::lua_index`] is the one place
+/// that maps a rule to it.
+const ALGORITHMS: [(&str, &str); 5] = [
+    ("fixed_window", include_str!("fixed_window.lua")),
+    ("sliding_window_log", include_str!("sliding_window_log.lua")),
+    ("sliding_window_counter", include_str!("sliding_window_counter.lua")),
+    ("gcra", include_str!("gcra.lua")),
+    ("concurrency", include_str!("concurrency.lua")),
 ];
 
 /// The script a rule set needs: the prelude, the algorithms it uses, the engine.
@@ -35,7 +37,7 @@ impl Variant {
 
     /// The variant `rules` needs.
     pub fn of(rules: &RuleSet) -> Variant {
-        Variant(rules.compiled().iter().fold(0, |mask, rule| mask | 1 << (rule.algo.lua_args()[0] - 1)))
+        Variant(rules.compiled().iter().fold(0, |mask, rule| mask | 1 << rule.algo.lua_index()))
     }
 
     /// A dense index, for caching one prepared script per variant.
@@ -43,24 +45,20 @@ impl Variant {
         usize::from(self.0)
     }
 
-    /// The script's source.
+    /// The script's source, assembled on first use.
     pub fn source(self) -> &'static str {
-        static SOURCES: OnceLock<Vec<String>> = OnceLock::new();
-        let sources = SOURCES.get_or_init(|| {
-            (0..Self::COUNT)
-                .map(|mask| {
-                    let mut source = String::from(include_str!("prelude.lua"));
-                    for (i, algorithm) in ALGORITHMS.iter().enumerate() {
-                        if mask & (1 << i) != 0 {
-                            source.push_str(algorithm);
-                        }
-                    }
-                    source.push_str(include_str!("engine.lua"));
-                    source
-                })
-                .collect()
-        });
-        &sources[self.index()]
+        static SOURCES: [OnceLock<String>; Variant::COUNT] = [const { OnceLock::new() }; Variant::COUNT];
+        SOURCES[self.index()].get_or_init(|| {
+            let mut source = String::from(include_str!("prelude.lua"));
+            for (i, (name, lua)) in ALGORITHMS.iter().enumerate() {
+                if self.0 & (1 << i) != 0 {
+                    source.push_str(lua);
+                    source.push_str(&format!("ALGORITHMS[{}] = {name}\n", i + 1));
+                }
+            }
+            source.push_str(include_str!("engine.lua"));
+            source
+        })
     }
 }
 
@@ -82,18 +80,31 @@ pub struct ReplyError {
 }
 
 impl Algo {
+    /// The algorithm's position in [`ALGORITHMS`].
+    fn lua_index(&self) -> usize {
+        match self {
+            Algo::FixedWindow(_) => 0,
+            Algo::SlidingWindowLog(_) => 1,
+            Algo::SlidingWindowCounter(_) => 2,
+            Algo::Gcra(_) => 3,
+            Algo::Concurrency(_) => 4,
+        }
+    }
+
     /// The algorithm's number in the script's `ALGORITHMS` and its four parameters.
     fn lua_args(&self) -> [i64; 5] {
-        match self {
-            Algo::FixedWindow(a) => [1, to_i64(a.limit), a.period, i64::from(a.align == Align::FirstHit), 0],
-            Algo::SlidingWindowLog(a) => [2, to_i64(a.limit), a.period, 0, 0],
-            Algo::SlidingWindowCounter(a) => [3, to_i64(a.limit), a.period, 0, 0],
+        let number = self.lua_index() as i64 + 1;
+        let [a, b, c, d] = match self {
+            Algo::FixedWindow(a) => [to_i64(a.limit), a.period, i64::from(a.align == Align::FirstHit), 0],
+            Algo::SlidingWindowLog(a) => [to_i64(a.limit), a.period, 0, 0],
+            Algo::SlidingWindowCounter(a) => [to_i64(a.limit), a.period, 0, 0],
             Algo::Gcra(a) => {
                 let [quotient, remainder, den] = a.interval();
-                [4, to_i64(a.capacity), quotient, remainder, den]
+                [to_i64(a.capacity), quotient, remainder, den]
             }
-            Algo::Concurrency(a) => [5, to_i64(a.limit), a.lease, 0, 0],
-        }
+            Algo::Concurrency(a) => [to_i64(a.limit), a.lease, 0, 0],
+        };
+        [number, a, b, c, d]
     }
 }
 

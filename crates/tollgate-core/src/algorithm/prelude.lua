@@ -1,7 +1,7 @@
 -- Tollgate's Lua twins of the algorithms in crates/tollgate-core/src/algorithm/*.rs, run by
--- tollgate-redis. A script is this prelude, the algorithms a rule set uses (each registers
--- itself in ALGORITHMS under the number lua.rs gives it), and engine.lua, which runs one
--- operation over the rule set.
+-- tollgate-redis. A script is this prelude, the algorithms a rule set uses (lua.rs registers
+-- each in ALGORITHMS under its number), and engine.lua, which runs one operation over the rule
+-- set.
 --
 -- Numbers are doubles. Every value computed stays below 2^53, where doubles are exact
 -- integers, so these twins compute bit for bit what the Rust ones do. Numbers are turned into

@@ -93,5 +93,3 @@ function sliding_window_counter.report(st, now)
   end
   return left, reset_after
 end
-
-ALGORITHMS[3] = sliding_window_counter

@@ -72,5 +72,3 @@ function sliding_window_log.report(st, now)
   end
   return math.max(st.limit - st.count, 0), reset_after
 end
-
-ALGORITHMS[2] = sliding_window_log
