@@ -33,6 +33,12 @@ pub trait Backend: Send + Sync {
     /// Forgets `key`'s state under `rules` (every rule back to full; leases dropped).
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error>;
 
+    /// Checks that the backend answers (within its timeout); a health probe. Backends that are
+    /// always there, like the in-process one, keep this default.
+    async fn ping(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// Admits `cost` units if every rule allows, all or nothing; a cost of 0 peeks.
     async fn check(&self, key: &str, rules: &RuleSet, cost: u64) -> Result<Decision, Error> {
         self.execute(key, rules, Operation::Check { cost }).await

@@ -65,6 +65,34 @@ impl Decision {
         Decision { outcomes, allowed, binding }
     }
 
+    /// A decision admitting a request without consulting any state, every rule reported full:
+    /// what a server answers when its backend is down and its failure policy is to admit.
+    ///
+    /// ```
+    /// use tollgate_core::{Decision, Period, Rule, RuleSet};
+    ///
+    /// let rules = RuleSet::new([Rule::fixed_window(10, Period::SECOND)]).unwrap();
+    /// let decision = Decision::admitted_unchecked(&rules);
+    /// assert!(decision.allowed());
+    /// assert_eq!(decision.remaining(), 10);
+    /// ```
+    pub fn admitted_unchecked(rules: &crate::RuleSet) -> Self {
+        let outcomes = rules
+            .compiled()
+            .iter()
+            .map(|rule| RuleOutcome {
+                name: rule.name.clone(),
+                algorithm: rule.rule.algorithm(),
+                allowed: true,
+                limit: rule.algo.capacity(),
+                remaining: rule.algo.capacity(),
+                reset_after: Duration::ZERO,
+                retry_after: Duration::ZERO,
+            })
+            .collect();
+        Decision::from_outcomes(outcomes)
+    }
+
     /// Whether the request was admitted (by every rule).
     pub fn allowed(&self) -> bool {
         self.allowed

@@ -31,7 +31,8 @@ pub struct Rule {
 
 /// The algorithm of a [`Rule`] and its parameters.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(tag = "algorithm", rename_all = "snake_case")]
+// Unknown parameters are refused, so a misspelt `perod` is an error rather than a default.
+#[serde(tag = "algorithm", rename_all = "snake_case", deny_unknown_fields)]
 pub enum RuleKind {
     /// At most `limit` units per window of length `period`.
     FixedWindow {
@@ -222,6 +223,17 @@ mod tests {
             assert!(json.contains(&format!("\"algorithm\":\"{}\"", rule.algorithm())), "{json}");
             assert_eq!(serde_json::from_str::<Rule>(&json).unwrap(), rule);
         }
+    }
+
+    #[test]
+    fn unknown_parameters_are_refused() {
+        let err = serde_json::from_str::<Rule>(
+            r#"{"name": "x", "algorithm": "fixed_window", "limit": 1, "period": "1s", "perod": "2s"}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("unknown field `perod`"), "{err}");
+        let err = serde_json::from_str::<Rule>(r#"{"algorithm": "leaky", "limit": 1}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown variant `leaky`"), "{err}");
     }
 
     #[test]

@@ -195,12 +195,6 @@ impl RedisBackend {
             Err(_) => Err(Error::Timeout(self.timeout)),
         }
     }
-
-    /// Checks that Redis answers, within the timeout.
-    pub async fn ping(&self) -> Result<(), Error> {
-        let mut conn = self.connection();
-        self.bounded(async move { redis::cmd("PING").query_async::<()>(&mut conn).await }).await
-    }
 }
 
 #[async_trait]
@@ -231,5 +225,11 @@ impl Backend for RedisBackend {
         let keys = self.state_keys(key, rules);
         let mut conn = self.connection();
         self.bounded(async move { redis::cmd("DEL").arg(keys).query_async::<()>(&mut conn).await }).await
+    }
+
+    /// `PING`, within the timeout.
+    async fn ping(&self) -> Result<(), Error> {
+        let mut conn = self.connection();
+        self.bounded(async move { redis::cmd("PING").query_async::<()>(&mut conn).await }).await
     }
 }

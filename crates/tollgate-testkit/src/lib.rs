@@ -10,4 +10,4 @@
 pub mod conformance;
 mod redis_server;
 
-pub use redis_server::{OnServer, RedisServer};
+pub use redis_server::{OnServer, RedisServer, free_port};

@@ -11,9 +11,11 @@ pub struct RedisServer {
     child: Child,
     port: u16,
     _dir: tempfile::TempDir,
+    extra: Vec<String>,
 }
 
-fn free_port() -> u16 {
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -36,18 +38,7 @@ impl RedisServer {
         for _ in 0..5 {
             let port = free_port();
             let dir = tempfile::tempdir().expect("temporary directory");
-            let spawned = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-                .arg("--dir")
-                .arg(dir.path())
-                .args(["--logfile", &dir.path().join("redis.log").to_string_lossy()])
-                .args(extra)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn();
-            let child = match spawned {
+            let child = match spawn(port, dir.path(), extra) {
                 Ok(child) => child,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
                     "redis-server is not installed, and the Redis tests need it{}. Install it \
@@ -56,13 +47,28 @@ impl RedisServer {
                 ),
                 Err(e) => panic!("could not start redis-server: {e}"),
             };
-            let mut server = RedisServer { child, port, _dir: dir };
+            let extra = extra.iter().map(|s| s.to_string()).collect();
+            let mut server = RedisServer { child, port, _dir: dir, extra };
             match server.wait_ready(Duration::from_secs(10)) {
                 Ok(()) => return server,
                 Err(e) => last_error = e,
             }
         }
         panic!("redis-server did not start: {last_error}");
+    }
+
+    /// Starts a fresh, empty server on the same port after [`kill`](Self::kill): Redis came
+    /// back, having lost its state.
+    ///
+    /// # Panics
+    /// If it does not start within 10 s.
+    pub fn restart(&mut self) {
+        self.kill();
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        self.child = spawn(self.port, self._dir.path(), &extra).expect("redis-server restarts");
+        if let Err(e) = self.wait_ready(Duration::from_secs(10)) {
+            panic!("redis-server did not restart: {e}");
+        }
     }
 
     fn wait_ready(&mut self, within: Duration) -> Result<(), String> {
@@ -156,6 +162,20 @@ impl RedisServer {
     }
 }
 
+fn spawn(port: u16, dir: &Path, extra: &[&str]) -> std::io::Result<Child> {
+    Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .args(["--logfile", &dir.join("redis.log").to_string_lossy()])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.resume_quietly();
@@ -191,5 +211,9 @@ impl<B: tollgate_core::Backend> tollgate_core::Backend for OnServer<B> {
 
     async fn reset(&self, key: &str, rules: &tollgate_core::RuleSet) -> Result<(), tollgate_core::Error> {
         self.backend.reset(key, rules).await
+    }
+
+    async fn ping(&self) -> Result<(), tollgate_core::Error> {
+        self.backend.ping().await
     }
 }

@@ -1,0 +1,217 @@
+//! Tollgate's configuration file: the TOML model (server, backend, named policies), its
+//! validation, with the line of every mistake, and [`watch`]ing the file to reload it.
+//!
+//! The file is documented field by field in `tollgate.example.toml` at the repository's root,
+//! which is also the configuration used when none is given ([`Config::builtin`]).
+//!
+//! ```
+//! use tollgate_config::Config;
+//!
+//! let config = Config::from_toml(r#"
+//!     [policies.api]
+//!     rules = [{ algorithm = "fixed_window", limit = 10, period = "1s" }]
+//! "#, "inline")?;
+//! assert_eq!(config.policies.get("api").unwrap().rules.len(), 1);
+//!
+//! let err = Config::from_toml(r#"
+//!     [policies.api]
+//!     rules = [{ algorithm = "fixed_window", limit = 0, period = "1s" }]
+//! "#, "inline").unwrap_err();
+//! assert_eq!(err.line(), Some(3));
+//! # Ok::<(), tollgate_config::ConfigError>(())
+//! ```
+
+mod model;
+mod watch;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tollgate_limiter::{LimiterSettings, Policy};
+
+pub use watch::{Watcher, watch};
+
+/// The example configuration shipped at the repository's root, used when no file is given.
+pub const EXAMPLE_TOML: &str = include_str!("../../../tollgate.example.toml");
+
+/// Longest policy name, in bytes.
+pub const MAX_POLICY_NAME_BYTES: usize = 64;
+
+/// A validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The `[server]` section.
+    pub server: ServerSettings,
+    /// The `[backend]` section.
+    pub backend: BackendSettings,
+    /// The named policies.
+    pub policies: Policies,
+}
+
+/// How `X-RateLimit-Reset` is written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResetHeader {
+    /// Seconds until the reset, rounded up (the IETF drafts' meaning).
+    #[default]
+    Delta,
+    /// The reset as Unix epoch seconds (GitHub's meaning).
+    Epoch,
+}
+
+/// The `[server]` section.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerSettings {
+    /// Address of the HTTP API.
+    pub listen: SocketAddr,
+    /// How `X-RateLimit-Reset` is written.
+    pub reset_header: ResetHeader,
+    /// Logs as JSON lines instead of text.
+    pub json_logs: bool,
+    /// Most requests held at once by `on_limit = "delay"` policies.
+    pub max_delayed: usize,
+}
+
+/// Where rule states live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// In this process (the default; no server needed; per instance).
+    #[default]
+    Memory,
+    /// In Redis, shared by every instance.
+    Redis,
+}
+
+/// The `[backend]` section.
+#[derive(Clone, Debug)]
+pub struct BackendSettings {
+    /// Memory or Redis.
+    pub kind: BackendKind,
+    /// The Redis URL (`redis://` or `rediss://`, with `user:password@` if needed).
+    pub url: Option<String>,
+    /// Prefix of every Redis key.
+    pub prefix: String,
+    /// Longest wait for one Redis call.
+    pub timeout: Duration,
+    /// Redis connections (each multiplexed).
+    pub connections: usize,
+    /// Failure policy and circuit breaker.
+    pub limiter: LimiterSettings,
+}
+
+impl BackendSettings {
+    /// Switches to Redis at `url` (what `--redis` does).
+    pub fn use_redis(&mut self, url: impl Into<String>) -> Result<(), ConfigError> {
+        let url = url.into();
+        model::check_redis_url(&url).map_err(|message| ConfigError::at("--redis", None, message))?;
+        self.kind = BackendKind::Redis;
+        self.url = Some(url);
+        Ok(())
+    }
+}
+
+/// Named policies, by name.
+#[derive(Clone, Debug, Default)]
+pub struct Policies(BTreeMap<String, Arc<Policy>>);
+
+impl Policies {
+    /// The policy called `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<Policy>> {
+        self.0.get(name)
+    }
+
+    /// Every policy, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Arc<Policy>)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// The number of policies.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// A configuration that cannot be used, with where the mistake is.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The text is not valid TOML, or not a valid configuration.
+    #[error("{origin}{}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Invalid {
+        /// The file (or `builtin`, `--redis`, ...).
+        origin: String,
+        /// The line of the mistake, when known (1-based).
+        line: Option<usize>,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl ConfigError {
+    fn at(origin: &str, line: Option<usize>, message: impl Into<String>) -> Self {
+        ConfigError::Invalid { origin: origin.into(), line, message: message.into() }
+    }
+
+    /// The line of the mistake, when known.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            ConfigError::Invalid { line, .. } => *line,
+            ConfigError::Read { .. } => None,
+        }
+    }
+}
+
+impl Config {
+    /// Parses and validates `text`; `origin` names it in errors (a path, or `builtin`).
+    pub fn from_toml(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        model::parse(text, origin)
+    }
+
+    /// Reads, parses and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    /// The configuration used when no file is given: `tollgate.example.toml`, built in.
+    pub fn builtin() -> Config {
+        Self::from_toml(EXAMPLE_TOML, "builtin").expect("the example configuration is valid")
+    }
+
+    /// The limiter's settings: the backend's failure handling and the server's delay bound.
+    pub fn limiter_settings(&self) -> LimiterSettings {
+        LimiterSettings { max_delayed: self.server.max_delayed, ..self.backend.limiter.clone() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_is_valid_and_uses_memory() {
+        let config = Config::builtin();
+        assert_eq!(config.backend.kind, BackendKind::Memory);
+        assert_eq!(config.server.listen, "127.0.0.1:8080".parse().unwrap());
+        assert!(config.policies.len() >= 4);
+    }
+}

@@ -1,0 +1,315 @@
+//! The file as written (serde structs, unknown fields refused) and its validation into a
+//! [`Config`], with the line of each mistake.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use tollgate_core::{Period, Rule, RuleSet};
+use tollgate_limiter::{FailurePolicy, LimiterSettings, Mode, OnLimit, Policy};
+use toml::Spanned;
+
+use crate::{
+    BackendKind, BackendSettings, Config, ConfigError, MAX_POLICY_NAME_BYTES, Policies, ResetHeader,
+    ServerSettings,
+};
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    server: ServerSection,
+    #[serde(default)]
+    backend: BackendSection,
+    #[serde(default)]
+    policies: BTreeMap<Spanned<String>, PolicySection>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct ServerSection {
+    listen: Spanned<String>,
+    reset_header: ResetHeader,
+    json_logs: bool,
+    max_delayed: usize,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            listen: Spanned::new(0..0, "127.0.0.1:8080".into()),
+            reset_header: ResetHeader::Delta,
+            json_logs: false,
+            max_delayed: LimiterSettings::default().max_delayed,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct BackendSection {
+    kind: Spanned<BackendKind>,
+    url: Option<Spanned<String>>,
+    prefix: String,
+    timeout: Period,
+    connections: Spanned<usize>,
+    on_failure: FailurePolicy,
+    failure_threshold: u32,
+    probe_interval: Period,
+}
+
+impl Default for BackendSection {
+    fn default() -> Self {
+        let limiter = LimiterSettings::default();
+        BackendSection {
+            kind: Spanned::new(0..0, BackendKind::Memory),
+            url: None,
+            prefix: "tollgate".into(),
+            timeout: Period::from_millis(50).expect("50ms is a valid period"),
+            connections: Spanned::new(0..0, 2),
+            on_failure: limiter.on_failure,
+            failure_threshold: limiter.failure_threshold,
+            probe_interval: Period::from_millis(250).expect("250ms is a valid period"),
+        }
+    }
+}
+
+#[derive(Deserialize, Clone, Copy, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum Strategy {
+    #[default]
+    Reject,
+    Delay,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicySection {
+    #[serde(default)]
+    description: Option<String>,
+    rules: Spanned<Vec<Spanned<Rule>>>,
+    #[serde(default)]
+    mode: Mode,
+    #[serde(default)]
+    on_limit: Strategy,
+    #[serde(default)]
+    max_wait: Option<Spanned<Period>>,
+}
+
+/// Longest `max_wait` of a delaying policy: holding requests longer ties up connections.
+const MAX_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+pub(crate) fn check_redis_url(url: &str) -> Result<(), String> {
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        Ok(())
+    } else {
+        Err(format!("{url:?} is not a Redis URL: it must start with redis:// or rediss://"))
+    }
+}
+
+pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+    let line_of = |span: Range<usize>| Some(text[..span.start.min(text.len())].matches('\n').count() + 1);
+    let err = |span: Range<usize>, message: String| ConfigError::at(origin, line_of(span), message);
+
+    let file: File = toml::from_str(text).map_err(|e| {
+        let line = e.span().and_then(line_of);
+        ConfigError::at(origin, line, e.message().trim_end().to_owned())
+    })?;
+
+    let server = &file.server;
+    let listen: SocketAddr = server.listen.get_ref().parse().map_err(|_| {
+        err(
+            server.listen.span(),
+            format!("server.listen = {:?} is not an address like 127.0.0.1:8080", server.listen.get_ref()),
+        )
+    })?;
+    if !(1..=100_000).contains(&server.max_delayed) {
+        return Err(err(0..0, "server.max_delayed must be between 1 and 100000".into()));
+    }
+
+    let backend = &file.backend;
+    let url = backend.url.as_ref().map(|u| u.get_ref().clone());
+    if let Some(url) = &backend.url {
+        check_redis_url(url.get_ref()).map_err(|m| err(url.span(), format!("backend.url: {m}")))?;
+    }
+    if *backend.kind.get_ref() == BackendKind::Redis && url.is_none() {
+        return Err(err(backend.kind.span(), "backend.kind = \"redis\" needs backend.url".into()));
+    }
+    if !(1..=64).contains(backend.connections.get_ref()) {
+        return Err(err(backend.connections.span(), "backend.connections must be between 1 and 64".into()));
+    }
+    if !(1..=100).contains(&backend.failure_threshold) {
+        return Err(err(0..0, "backend.failure_threshold must be between 1 and 100".into()));
+    }
+
+    let mut policies = BTreeMap::new();
+    for (name, section) in file.policies {
+        let policy = policy(&name, section).map_err(|(span, message)| err(span, message))?;
+        policies.insert(name.into_inner(), Arc::new(policy));
+    }
+
+    Ok(Config {
+        server: ServerSettings {
+            listen,
+            reset_header: server.reset_header,
+            json_logs: server.json_logs,
+            max_delayed: server.max_delayed,
+        },
+        backend: BackendSettings {
+            kind: *backend.kind.get_ref(),
+            url,
+            prefix: backend.prefix.clone(),
+            timeout: backend.timeout.as_duration(),
+            connections: *backend.connections.get_ref(),
+            limiter: LimiterSettings {
+                on_failure: backend.on_failure,
+                failure_threshold: backend.failure_threshold,
+                probe_interval: backend.probe_interval.as_duration(),
+                max_delayed: server.max_delayed,
+            },
+        },
+        policies: Policies(policies),
+    })
+}
+
+/// Whether `name` can name a policy: 1 to 64 bytes of letters, digits, `_`, `-` and `.` (names
+/// appear in URLs, headers and metric labels).
+pub fn valid_policy_name(name: &str) -> bool {
+    (1..=MAX_POLICY_NAME_BYTES).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+fn policy(name: &Spanned<String>, section: PolicySection) -> Result<Policy, (Range<usize>, String)> {
+    let at = |span: Range<usize>, message: String| (span, format!("policy {:?}: {message}", name.get_ref()));
+    if !valid_policy_name(name.get_ref()) {
+        return Err(at(
+            name.span(),
+            format!("a policy name is 1 to {MAX_POLICY_NAME_BYTES} letters, digits, '_', '-' or '.'"),
+        ));
+    }
+    let spans: Vec<Range<usize>> = section.rules.get_ref().iter().map(Spanned::span).collect();
+    let rules_span = section.rules.span();
+    let rules =
+        RuleSet::new(section.rules.into_inner().into_iter().map(Spanned::into_inner)).map_err(|e| {
+            let span = rule_index(&e).and_then(|i| spans.get(i).cloned()).unwrap_or(rules_span.clone());
+            at(span, e.to_string())
+        })?;
+    let on_limit = match (section.on_limit, section.max_wait) {
+        (Strategy::Reject, None) => OnLimit::Reject,
+        (Strategy::Reject, Some(wait)) => {
+            return Err(at(wait.span(), "max_wait only applies with on_limit = \"delay\"".into()));
+        }
+        (Strategy::Delay, None) => {
+            return Err(at(rules_span, "on_limit = \"delay\" needs a max_wait, such as \"500ms\"".into()));
+        }
+        (Strategy::Delay, Some(wait)) => {
+            let max_wait = wait.get_ref().as_duration();
+            if max_wait > MAX_WAIT_LIMIT {
+                return Err(at(
+                    wait.span(),
+                    format!("max_wait must be at most {}s", MAX_WAIT_LIMIT.as_secs()),
+                ));
+            }
+            OnLimit::Delay { max_wait }
+        }
+    };
+    Ok(Policy {
+        name: Arc::from(name.get_ref().as_str()),
+        description: section.description,
+        rules,
+        mode: section.mode,
+        on_limit,
+    })
+}
+
+/// The position of the rule a rule-set error is about, when it is about one.
+fn rule_index(e: &tollgate_core::RuleError) -> Option<usize> {
+    use tollgate_core::RuleError as E;
+    match *e {
+        E::OutOfRange { index, .. }
+        | E::LogLimitTooLarge { index, .. }
+        | E::Inexact { index, .. }
+        | E::NameTooLong { index, .. }
+        | E::Duplicate { index, .. } => Some(index),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(text: &str) -> ConfigError {
+        parse(text, "t.toml").unwrap_err()
+    }
+
+    #[test]
+    fn errors_name_their_line() {
+        let e = error("[server]\nlisten = \"nowhere\"\n");
+        assert_eq!(e.line(), Some(2), "{e}");
+        assert!(e.to_string().starts_with("t.toml:2: server.listen"), "{e}");
+
+        let e = error(
+            "[policies.a]\nrules = [\n  { algorithm = \"fixed_window\", limit = 1, period = \"1s\" },\n  { algorithm = \"gcra\", limit = 1, period = \"1s\", burst = 0 },\n]\n",
+        );
+        assert_eq!(e.line(), Some(4), "{e}");
+        assert!(e.to_string().contains("burst"), "{e}");
+
+        let e = error("[backend]\nkind = \"redis\"\n");
+        assert_eq!(e.line(), Some(2), "{e}");
+
+        let e = error(
+            "\n\n[policies.a]\nrules = [{ algorithm = \"fixed_window\", limit = 1, perod = \"1s\" }]\n",
+        );
+        assert_eq!(e.line(), Some(4), "{e}");
+        assert!(e.to_string().contains("perod"), "{e}");
+    }
+
+    #[test]
+    fn unknown_sections_and_fields_are_refused() {
+        assert!(error("[sever]\n").to_string().contains("sever"));
+        assert!(error("[backend]\ntimout = \"1s\"\n").to_string().contains("timout"));
+        assert!(error("[policies.a]\nrules = []\nmod = \"shadow\"\n").to_string().contains("mod"));
+    }
+
+    #[test]
+    fn delay_needs_a_bounded_max_wait() {
+        let rules = "rules = [{ algorithm = \"fixed_window\", limit = 1, period = \"1s\" }]\n";
+        assert!(
+            error(&format!("[policies.a]\n{rules}on_limit = \"delay\"\n")).to_string().contains("max_wait")
+        );
+        assert!(error(&format!("[policies.a]\n{rules}max_wait = \"1s\"\n")).to_string().contains("delay"));
+        assert!(
+            error(&format!("[policies.a]\n{rules}on_limit = \"delay\"\nmax_wait = \"2m\"\n"))
+                .to_string()
+                .contains("at most 60s")
+        );
+        let ok = parse(&format!("[policies.a]\n{rules}on_limit = \"delay\"\nmax_wait = \"250ms\"\n"), "t")
+            .unwrap();
+        let policy = ok.policies.get("a").unwrap();
+        assert_eq!(policy.on_limit, OnLimit::Delay { max_wait: std::time::Duration::from_millis(250) });
+    }
+
+    #[test]
+    fn policy_names_are_checked() {
+        let e = error(
+            "[policies.\"a b\"]\nrules = [{ algorithm = \"fixed_window\", limit = 1, period = \"1s\" }]\n",
+        );
+        assert_eq!(e.line(), Some(1));
+        assert!(valid_policy_name("api.v1-read_x"));
+        assert!(!valid_policy_name(""));
+    }
+
+    #[test]
+    fn durations_are_written_like_250ms_and_7d() {
+        let c = parse(
+            "[backend]\ntimeout = \"250ms\"\n[policies.w]\nrules = [{ algorithm = \"fixed_window\", limit = 1, period = \"7d\" }]\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.backend.timeout, std::time::Duration::from_millis(250));
+        assert_eq!(c.policies.get("w").unwrap().rules.signatures().next().unwrap(), "fw:1:604800000000");
+    }
+}

@@ -1,0 +1,31 @@
+//! Policies enforced against a backend, the way a service needs them: what to answer when the
+//! backend fails (admit, refuse, or decide locally), a circuit breaker so a dead backend is not
+//! paid for on every request, the `delay` strategy that holds a request until it fits, and
+//! shadow mode. Knows nothing of HTTP or of Redis: it drives any [`tollgate_core::Backend`].
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tollgate_core::{MemoryBackend, Period, Rule, RuleSet};
+//! use tollgate_limiter::{Limiter, LimiterSettings, Policy};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let limiter = Limiter::new(Arc::new(MemoryBackend::new()), "memory", LimiterSettings::default());
+//! let rules = RuleSet::new([Rule::fixed_window(1, Period::MINUTE)]).unwrap();
+//! let policy = Policy::enforce("login", rules);
+//!
+//! assert!(limiter.check("alice", &policy, 1).await.unwrap().allowed());
+//! let verdict = limiter.check("alice", &policy, 1).await.unwrap();
+//! assert!(!verdict.allowed());
+//! assert!(!verdict.degraded);
+//! # }
+//! ```
+
+mod breaker;
+mod limiter;
+pub mod metrics;
+mod policy;
+
+pub use breaker::BreakerState;
+pub use limiter::{FailurePolicy, LimitError, Limiter, LimiterSettings, Verdict};
+pub use policy::{Mode, OnLimit, Policy};

@@ -1,0 +1,350 @@
+//! [`Limiter`]: decisions from the primary backend, or from the failure policy when it fails.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tollgate_core::{Backend, Decision, Error, Lease, LeaseId, MemoryBackend, Operation, RuleSet};
+
+use crate::breaker::{Breaker, BreakerState};
+use crate::metrics as m;
+use crate::{Mode, OnLimit, Policy};
+
+/// What to answer when the primary backend fails (or its breaker is open).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailurePolicy {
+    /// Admit every request.
+    Open,
+    /// Refuse: operations fail with [`LimitError::Unavailable`].
+    Closed,
+    /// Decide from an in-process limiter with the same rules. With N instances, each admits up
+    /// to the limit on its own, so up to N times the limit is admitted during an outage.
+    #[default]
+    Local,
+}
+
+impl FailurePolicy {
+    /// The policy's name as written in configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Open => "open",
+            FailurePolicy::Closed => "closed",
+            FailurePolicy::Local => "local",
+        }
+    }
+}
+
+/// How a [`Limiter`] behaves around its primary backend.
+#[derive(Clone, Debug)]
+pub struct LimiterSettings {
+    /// What to answer when the primary backend fails.
+    pub on_failure: FailurePolicy,
+    /// Failures in a row that open the circuit breaker.
+    pub failure_threshold: u32,
+    /// How often the breaker probes the backend while open.
+    pub probe_interval: Duration,
+    /// Most requests held at once by the `delay` strategy; beyond, they are denied at once.
+    pub max_delayed: usize,
+}
+
+impl Default for LimiterSettings {
+    fn default() -> Self {
+        LimiterSettings {
+            on_failure: FailurePolicy::Local,
+            failure_threshold: 3,
+            probe_interval: Duration::from_millis(250),
+            max_delayed: 1024,
+        }
+    }
+}
+
+/// The answer to a check under a policy.
+#[derive(Clone, Debug)]
+pub struct Verdict {
+    /// The decision as the rules made it (in shadow mode, possibly a denial).
+    pub decision: Decision,
+    /// True when answered without the primary backend (failure policy `open` or `local`).
+    pub degraded: bool,
+    /// True when the policy is in shadow mode and the rules denied: answered as admitted.
+    pub shadow_denied: bool,
+    /// How long the `delay` strategy held the request.
+    pub waited: Duration,
+}
+
+impl Verdict {
+    /// Whether the request is to be let through (shadow denials are).
+    pub fn allowed(&self) -> bool {
+        self.decision.allowed() || self.shadow_denied
+    }
+}
+
+/// Why the limiter gave no verdict.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LimitError {
+    /// The caller's input was refused before any backend was asked (bad key, impossible cost).
+    #[error(transparent)]
+    Invalid(Error),
+    /// The primary backend failed and the failure policy is `closed`.
+    #[error("the rate-limit backend is unavailable: {0}")]
+    Unavailable(Error),
+}
+
+struct Inner {
+    primary: Arc<dyn Backend>,
+    backend_name: Arc<str>,
+    fallback: MemoryBackend,
+    breaker: Breaker,
+    settings: LimiterSettings,
+    delay_slots: Semaphore,
+}
+
+/// Decisions under [`Policy`]s from a primary backend, with a failure policy, a circuit breaker
+/// and the `delay` strategy. Cheap to clone.
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("backend", &self.inner.backend_name)
+            .field("settings", &self.inner.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+fn error_kind(e: &Error) -> &'static str {
+    match e {
+        Error::Timeout(_) => "timeout",
+        Error::Unavailable(_) => "unavailable",
+        _ => "error",
+    }
+}
+
+impl Limiter {
+    /// A limiter over `primary`, named `backend_name` in metrics and logs.
+    pub fn new(primary: Arc<dyn Backend>, backend_name: &str, settings: LimiterSettings) -> Self {
+        let inner = Inner {
+            primary,
+            backend_name: backend_name.into(),
+            fallback: MemoryBackend::new(),
+            breaker: Breaker::new(settings.failure_threshold),
+            delay_slots: Semaphore::new(settings.max_delayed),
+            settings,
+        };
+        metrics::gauge!(m::BREAKER_OPEN, "backend" => inner.backend_name.to_string()).set(0.0);
+        Limiter { inner: Arc::new(inner) }
+    }
+
+    /// The primary backend's name.
+    pub fn backend_name(&self) -> &str {
+        &self.inner.backend_name
+    }
+
+    /// The failure policy.
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.inner.settings.on_failure
+    }
+
+    /// Whether the primary backend is in use or bypassed.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner.breaker.state()
+    }
+
+    /// Asks the primary backend whether it answers now (a readiness check; does not touch the
+    /// breaker).
+    pub async fn ping(&self) -> Result<(), Error> {
+        self.inner.primary.ping().await
+    }
+
+    /// Checks `cost` units (0 peeks) for `key` under `policy`, applying its mode and `on_limit`
+    /// strategy, and records the outcome in the metrics.
+    pub async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Verdict, LimitError> {
+        let op = Operation::Check { cost };
+        let mut verdict = self.verdict(policy, self.decide(key, &policy.rules, op).await?);
+        if let OnLimit::Delay { max_wait } = policy.on_limit
+            && !verdict.allowed()
+            && cost > 0
+        {
+            verdict = self.delay(key, policy, op, verdict, max_wait).await?;
+        }
+        self.record(policy, &verdict);
+        Ok(verdict)
+    }
+
+    /// Like [`check`](Self::check), with concurrency rules holding the units under a new lease
+    /// (returned when the request is admitted and the rules hold one).
+    pub async fn acquire(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<(Verdict, Option<Lease>), LimitError> {
+        let id = LeaseId::random();
+        let op = Operation::Acquire { cost, lease: &id };
+        let mut verdict = self.verdict(policy, self.decide(key, &policy.rules, op).await?);
+        if let OnLimit::Delay { max_wait } = policy.on_limit
+            && !verdict.allowed()
+            && cost > 0
+        {
+            verdict = self.delay(key, policy, op, verdict, max_wait).await?;
+        }
+        self.record(policy, &verdict);
+        let taken = verdict.decision.allowed() && cost > 0 && policy.rules.has_concurrency();
+        Ok((verdict, taken.then_some(Lease { id, units: cost })))
+    }
+
+    /// Gives back a lease's units (or some of them); reports the state after, as a peek.
+    pub async fn release(&self, key: &str, rules: &RuleSet, lease: &Lease) -> Result<Verdict, LimitError> {
+        let (decision, degraded) = self.decide(key, rules, Operation::Release { lease }).await?;
+        Ok(Verdict { decision, degraded, shadow_denied: false, waited: Duration::ZERO })
+    }
+
+    /// Forgets `key`'s state under `rules`, in the primary backend and in the local fallback.
+    /// Fails when the primary backend fails, whatever the failure policy: a reset that did not
+    /// happen must not look as if it had.
+    pub async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), LimitError> {
+        tollgate_core::validate_key(key).map_err(|e| LimitError::Invalid(e.into()))?;
+        self.inner.fallback.reset_now(key, rules).map_err(LimitError::Invalid)?;
+        self.inner.primary.reset(key, rules).await.map_err(|e| {
+            if e.is_backend_failure() { LimitError::Unavailable(e) } else { LimitError::Invalid(e) }
+        })
+    }
+
+    fn verdict(&self, policy: &Policy, (decision, degraded): (Decision, bool)) -> Verdict {
+        let shadow_denied = policy.mode == Mode::Shadow && !decision.allowed();
+        Verdict { decision, degraded, shadow_denied, waited: Duration::ZERO }
+    }
+
+    /// Holds a denied request until it fits, within `max_wait` and the bound on held requests.
+    /// Dropping the future (the client went away) ends the wait and frees its slot.
+    async fn delay(
+        &self,
+        key: &str,
+        policy: &Policy,
+        op: Operation<'_>,
+        mut verdict: Verdict,
+        max_wait: Duration,
+    ) -> Result<Verdict, LimitError> {
+        let name = policy.name.to_string();
+        if verdict.decision.retry_after() > max_wait {
+            return Ok(verdict);
+        }
+        let Ok(_slot) = self.inner.delay_slots.try_acquire() else {
+            metrics::counter!(m::DELAYED, "policy" => name, "result" => "queue_full").increment(1);
+            return Ok(verdict);
+        };
+        let start = Instant::now();
+        let deadline = start + max_wait;
+        loop {
+            // Never spin: a denial always has a wait, but keep at least a millisecond.
+            let wait = verdict.decision.retry_after().max(Duration::from_millis(1));
+            if Instant::now() + wait > deadline {
+                break;
+            }
+            tokio::time::sleep(wait).await;
+            verdict = self.verdict(policy, self.decide(key, &policy.rules, op).await?);
+            if verdict.allowed() {
+                break;
+            }
+        }
+        verdict.waited = start.elapsed();
+        let result = if verdict.allowed() { "admitted" } else { "denied" };
+        metrics::counter!(m::DELAYED, "policy" => name, "result" => result).increment(1);
+        Ok(verdict)
+    }
+
+    fn record(&self, policy: &Policy, verdict: &Verdict) {
+        let name = policy.name.to_string();
+        let outcome = match (verdict.decision.allowed(), verdict.shadow_denied) {
+            (true, _) => "allowed",
+            (false, true) => "shadow_denied",
+            (false, false) => "denied",
+        };
+        metrics::counter!(m::DECISIONS, "policy" => name.clone(), "outcome" => outcome).increment(1);
+        if verdict.degraded {
+            let failure_policy = self.inner.settings.on_failure.as_str();
+            metrics::counter!(m::DEGRADED, "policy" => name.clone(), "failure_policy" => failure_policy)
+                .increment(1);
+        }
+        let near = verdict.decision.rules().iter().any(|r| r.remaining.saturating_mul(5) < r.limit);
+        if verdict.decision.allowed() && near {
+            metrics::counter!(m::NEAR_LIMIT, "policy" => name).increment(1);
+        }
+    }
+
+    /// One operation: on the primary backend while its breaker is closed, else (or when it
+    /// fails) by the failure policy. The flag is true for a degraded answer.
+    async fn decide(
+        &self,
+        key: &str,
+        rules: &RuleSet,
+        op: Operation<'_>,
+    ) -> Result<(Decision, bool), LimitError> {
+        // Bad input is refused here, so it never counts as a backend failure nor reaches one.
+        op.validate(key, rules).map_err(LimitError::Invalid)?;
+        let inner = &self.inner;
+        let failure = if inner.breaker.state() == BreakerState::Closed {
+            let start = Instant::now();
+            let result = inner.primary.execute(key, rules, op).await;
+            let backend = inner.backend_name.to_string();
+            metrics::histogram!(m::BACKEND_SECONDS, "backend" => backend.clone())
+                .record(start.elapsed().as_secs_f64());
+            match result {
+                Ok(decision) => {
+                    inner.breaker.record_success();
+                    return Ok((decision, false));
+                }
+                Err(e) if !e.is_backend_failure() => return Err(LimitError::Invalid(e)),
+                Err(e) => {
+                    metrics::counter!(m::BACKEND_ERRORS, "backend" => backend, "kind" => error_kind(&e))
+                        .increment(1);
+                    if inner.breaker.record_failure() {
+                        tracing::warn!(backend = %inner.backend_name, error = %e,
+                            "backend failing; circuit breaker open, answering by the failure policy");
+                        self.spawn_probe();
+                    }
+                    e
+                }
+            }
+        } else {
+            Error::Unavailable("circuit breaker open: the backend failed and is being probed".into())
+        };
+        match inner.settings.on_failure {
+            FailurePolicy::Open => Ok((Decision::admitted_unchecked(rules), true)),
+            FailurePolicy::Closed => Err(LimitError::Unavailable(failure)),
+            FailurePolicy::Local => {
+                let decision = inner.fallback.execute_now(key, rules, op).map_err(LimitError::Invalid)?;
+                Ok((decision, true))
+            }
+        }
+    }
+
+    /// Pings the backend every `probe_interval` until it answers, then closes the breaker.
+    fn spawn_probe(&self) {
+        if !self.inner.breaker.start_probe() {
+            return;
+        }
+        metrics::gauge!(m::BREAKER_OPEN, "backend" => self.inner.backend_name.to_string()).set(1.0);
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(inner.settings.probe_interval).await;
+                if inner.primary.ping().await.is_ok() {
+                    // Probe slot first: a failure right after closing must be able to start
+                    // the next probe.
+                    inner.breaker.probe_ended();
+                    inner.breaker.close();
+                    metrics::gauge!(m::BREAKER_OPEN, "backend" => inner.backend_name.to_string()).set(0.0);
+                    tracing::info!(backend = %inner.backend_name, "backend answers again; circuit breaker closed");
+                    return;
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,19 @@
+//! The names of the metrics the limiter records (through the `metrics` facade; the server
+//! installs the Prometheus exporter). Labels are policy names and fixed words, so their number
+//! stays bounded.
+
+/// Counter: decisions, by `policy` and `outcome` (`allowed`, `denied`, `shadow_denied`).
+pub const DECISIONS: &str = "tollgate_decisions_total";
+/// Counter: decisions answered without the primary backend, by `policy` and `failure_policy`.
+pub const DEGRADED: &str = "tollgate_degraded_decisions_total";
+/// Counter: admitted requests after which some rule of the policy is above 80 % of its limit.
+pub const NEAR_LIMIT: &str = "tollgate_near_limit_total";
+/// Counter: requests held by the `delay` strategy, by `policy` and `result` (`admitted`,
+/// `denied`, `queue_full`).
+pub const DELAYED: &str = "tollgate_delayed_total";
+/// Histogram: seconds per primary-backend call, by `backend`.
+pub const BACKEND_SECONDS: &str = "tollgate_backend_duration_seconds";
+/// Counter: primary-backend failures, by `backend` and `kind` (`timeout`, `unavailable`, `error`).
+pub const BACKEND_ERRORS: &str = "tollgate_backend_errors_total";
+/// Gauge: 1 while the circuit breaker is open (the primary backend is bypassed), by `backend`.
+pub const BREAKER_OPEN: &str = "tollgate_breaker_open";

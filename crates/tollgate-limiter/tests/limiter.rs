@@ -1,0 +1,218 @@
+//! The limiter around a backend that can be made to fail: failure policies, the breaker, delay
+//! and shadow. Time is tokio's paused clock, which the backend's clock follows, so nothing here
+//! waits for real.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tollgate_core::{
+    Backend, Clock, Decision, Error, MemoryBackend, Operation, Period, Rule, RuleSet, Timestamp,
+};
+use tollgate_limiter::{
+    BreakerState, FailurePolicy, LimitError, Limiter, LimiterSettings, Mode, OnLimit, Policy,
+};
+
+/// Wall time that follows tokio's (pausable) clock.
+struct TokioClock {
+    wall: Timestamp,
+    start: tokio::time::Instant,
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        self.wall.saturating_add(self.start.elapsed())
+    }
+}
+
+/// A memory backend that fails on demand, counting the calls it gets.
+struct Flaky {
+    inner: MemoryBackend<TokioClock>,
+    down: AtomicBool,
+    calls: AtomicUsize,
+}
+
+impl Flaky {
+    fn new() -> Arc<Self> {
+        let clock = TokioClock {
+            wall: Timestamp::from_micros(1_700_000_000_000_000),
+            start: tokio::time::Instant::now(),
+        };
+        Arc::new(Flaky {
+            inner: MemoryBackend::with_clock(clock),
+            down: AtomicBool::new(false),
+            calls: AtomicUsize::new(0),
+        })
+    }
+
+    fn fail(&self) -> Result<(), Error> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if self.down.load(Ordering::Relaxed) { Err(Error::Unavailable("down".into())) } else { Ok(()) }
+    }
+}
+
+#[async_trait]
+impl Backend for Flaky {
+    async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
+        self.fail()?;
+        self.inner.execute_now(key, rules, op)
+    }
+    async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
+        self.fail()?;
+        self.inner.reset_now(key, rules)
+    }
+    async fn ping(&self) -> Result<(), Error> {
+        self.fail()
+    }
+}
+
+fn policy(limit: u64) -> Policy {
+    Policy::enforce("p", RuleSet::new([Rule::fixed_window(limit, Period::MINUTE)]).unwrap())
+}
+
+fn limiter(backend: &Arc<Flaky>, on_failure: FailurePolicy) -> Limiter {
+    let settings = LimiterSettings { on_failure, ..LimiterSettings::default() };
+    Limiter::new(backend.clone(), "flaky", settings)
+}
+
+#[tokio::test(start_paused = true)]
+async fn local_fallback_decides_with_the_same_rules_and_says_degraded() {
+    let backend = Flaky::new();
+    let limiter = limiter(&backend, FailurePolicy::Local);
+    let p = policy(2);
+    assert!(!limiter.check("k", &p, 1).await.unwrap().degraded);
+    backend.down.store(true, Ordering::Relaxed);
+    let v = limiter.check("k", &p, 1).await.unwrap();
+    assert!(v.degraded && v.allowed());
+    assert!(limiter.check("k", &p, 1).await.unwrap().allowed());
+    let v = limiter.check("k", &p, 1).await.unwrap();
+    assert!(v.degraded && !v.allowed(), "the local limiter enforces the limit too");
+}
+
+#[tokio::test(start_paused = true)]
+async fn open_admits_and_closed_refuses_while_down() {
+    let backend = Flaky::new();
+    backend.down.store(true, Ordering::Relaxed);
+    let p = policy(1);
+    let open = limiter(&backend, FailurePolicy::Open);
+    for _ in 0..5 {
+        let v = open.check("k", &p, 1).await.unwrap();
+        assert!(v.allowed() && v.degraded);
+        assert_eq!(v.decision.remaining(), 1);
+    }
+    let closed = limiter(&backend, FailurePolicy::Closed);
+    assert!(matches!(closed.check("k", &p, 1).await, Err(LimitError::Unavailable(_))));
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_input_is_not_a_backend_failure() {
+    let backend = Flaky::new();
+    let limiter = limiter(&backend, FailurePolicy::Closed);
+    for _ in 0..10 {
+        assert!(matches!(limiter.check("", &policy(1), 1).await, Err(LimitError::Invalid(_))));
+        assert!(matches!(limiter.check("k", &policy(1), 2).await, Err(LimitError::Invalid(_))));
+    }
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+    assert_eq!(backend.calls.load(Ordering::Relaxed), 0, "refused before the backend");
+}
+
+#[tokio::test(start_paused = true)]
+async fn breaker_stops_calling_a_dead_backend_and_closes_when_it_returns() {
+    let backend = Flaky::new();
+    let limiter = limiter(&backend, FailurePolicy::Local);
+    let p = policy(1000);
+    backend.down.store(true, Ordering::Relaxed);
+    for _ in 0..3 {
+        limiter.check("k", &p, 1).await.unwrap();
+    }
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    let calls = backend.calls.load(Ordering::Relaxed);
+    for _ in 0..100 {
+        assert!(limiter.check("k", &p, 1).await.unwrap().degraded);
+    }
+    // Only the probe (every 250 ms of the paused clock, none elapsed) may have called.
+    assert!(backend.calls.load(Ordering::Relaxed) <= calls + 1);
+
+    backend.down.store(false, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+    assert!(!limiter.check("k", &p, 1).await.unwrap().degraded);
+}
+
+#[tokio::test(start_paused = true)]
+async fn delay_holds_a_request_until_it_fits() {
+    let backend = Flaky::new();
+    let limiter = limiter(&backend, FailurePolicy::Closed);
+    // One per 100 ms, no burst beyond one.
+    let rules = RuleSet::new([Rule::gcra(10, Period::SECOND, 1)]).unwrap();
+    let p =
+        Policy::enforce("d", rules).with_on_limit(OnLimit::Delay { max_wait: Duration::from_millis(250) });
+    assert!(limiter.check("k", &p, 1).await.unwrap().waited.is_zero());
+    let v = limiter.check("k", &p, 1).await.unwrap();
+    assert!(v.allowed());
+    assert!(
+        v.waited >= Duration::from_millis(99) && v.waited <= Duration::from_millis(110),
+        "{:?}",
+        v.waited
+    );
+
+    // Three more at once: the third would wait 300 ms, beyond max_wait, so it is denied after
+    // waiting no more than max_wait.
+    let (a, b, c) =
+        tokio::join!(limiter.check("k", &p, 1), limiter.check("k", &p, 1), limiter.check("k", &p, 1));
+    let waits: Vec<_> = [a, b, c].into_iter().map(|v| v.unwrap()).collect();
+    assert_eq!(waits.iter().filter(|v| v.allowed()).count(), 2);
+    assert!(waits.iter().all(|v| v.waited <= Duration::from_millis(250)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn delay_is_bounded_in_count() {
+    let backend = Flaky::new();
+    let settings = LimiterSettings { max_delayed: 1, ..LimiterSettings::default() };
+    let limiter = Limiter::new(backend.clone(), "flaky", settings);
+    let rules = RuleSet::new([Rule::gcra(1, Period::SECOND, 1)]).unwrap();
+    let p = Policy::enforce("d", rules).with_on_limit(OnLimit::Delay { max_wait: Duration::from_secs(5) });
+    limiter.check("k", &p, 1).await.unwrap();
+    let (a, b) = tokio::join!(limiter.check("k", &p, 1), async {
+        tokio::task::yield_now().await;
+        limiter.check("k", &p, 1).await
+    });
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(a.allowed() && a.waited >= Duration::from_millis(999));
+    assert!(!b.allowed() && b.waited.is_zero(), "the only slot was taken: denied at once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_wait_frees_its_slot() {
+    let backend = Flaky::new();
+    let settings = LimiterSettings { max_delayed: 1, ..LimiterSettings::default() };
+    let limiter = Limiter::new(backend.clone(), "flaky", settings);
+    let rules = RuleSet::new([Rule::gcra(1, Period::SECOND, 1)]).unwrap();
+    let p = Policy::enforce("d", rules).with_on_limit(OnLimit::Delay { max_wait: Duration::from_secs(5) });
+    limiter.check("k", &p, 1).await.unwrap();
+    // The client goes away after 10 ms.
+    let gone = tokio::time::timeout(Duration::from_millis(10), limiter.check("k", &p, 1)).await;
+    assert!(gone.is_err());
+    let v = limiter.check("k", &p, 1).await.unwrap();
+    assert!(v.allowed() && !v.waited.is_zero(), "the slot was free again");
+}
+
+#[tokio::test(start_paused = true)]
+async fn shadow_mode_admits_and_reports_the_denial() {
+    let backend = Flaky::new();
+    let limiter = limiter(&backend, FailurePolicy::Closed);
+    let p = policy(1).with_mode(Mode::Shadow);
+    let first = limiter.check("k", &p, 1).await.unwrap();
+    assert!(first.allowed() && !first.shadow_denied);
+    let second = limiter.check("k", &p, 1).await.unwrap();
+    assert!(second.allowed() && second.shadow_denied && !second.decision.allowed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn reset_fails_loudly_when_the_backend_is_down() {
+    let backend = Flaky::new();
+    let limiter = limiter(&backend, FailurePolicy::Open);
+    backend.down.store(true, Ordering::Relaxed);
+    assert!(matches!(limiter.reset("k", &policy(1).rules).await, Err(LimitError::Unavailable(_))));
+}

@@ -1,0 +1,409 @@
+//! The decision API: `/v1/check`, `/v1/acquire`, `/v1/release` and `/v1/reset`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use tollgate_core::limits::MAX_CONCURRENCY_LIMIT;
+use tollgate_core::{Error as CoreError, Lease, LeaseId, Period, Rule, RuleError, RuleSet};
+use tollgate_limiter::{LimitError, Policy, Verdict};
+use utoipa::ToSchema;
+
+use crate::headers::{ceil_millis, rate_limit_headers, rule_name};
+use crate::problem::{ApiJson, Problem};
+use crate::state::AppState;
+
+/// Most inline rules in one request.
+pub const MAX_INLINE_RULES: usize = 16;
+
+/// The policy name reported for inline rules.
+pub const INLINE_POLICY: &str = "inline";
+
+fn one() -> u64 {
+    1
+}
+
+/// `POST /v1/check`: a key, and a policy name or inline rules.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckRequest {
+    /// Whose requests are counted: 1 to 512 bytes (an API key, a user id, an IP, ...).
+    pub key: String,
+    /// A policy from the configuration. Give this or `limits`.
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// Inline rules, at most 16, each `{"algorithm": ..., parameters}` as in the configuration
+    /// file (`fixed_window`: limit, period; `sliding_window_log`: limit, period;
+    /// `sliding_window_counter`: limit, period; `token_bucket`: capacity, refill, per; `gcra`:
+    /// limit, period, burst), with an optional `name`. Durations are "250ms", "1s", "1h", "7d" or
+    /// milliseconds.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub limits: Option<Vec<Rule>>,
+    /// Units this request takes (default 1); 0 only peeks.
+    #[serde(default = "one")]
+    pub cost: u64,
+}
+
+/// `POST /v1/acquire`: take units held at once under a lease.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireRequest {
+    /// Whose units are held.
+    pub key: String,
+    /// A policy with a concurrency rule. Give this or `limit` and `lease`.
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// Inline: units held at once (1 to 10000).
+    #[serde(default)]
+    pub limit: Option<u64>,
+    /// Inline: how long an unreleased lease holds its units ("30s").
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub lease: Option<Period>,
+    /// Units to hold (default 1).
+    #[serde(default = "one")]
+    pub cost: u64,
+}
+
+/// `POST /v1/release`: give back a lease's units.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// The key the lease was taken for.
+    pub key: String,
+    /// The policy it was taken under, or the same inline `limit` and `lease`.
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// Inline: as given to acquire.
+    #[serde(default)]
+    pub limit: Option<u64>,
+    /// Inline: as given to acquire.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub lease: Option<Period>,
+    /// The `lease_id` acquire answered.
+    pub lease_id: String,
+    /// Units to give back (default: all the lease holds).
+    #[serde(default)]
+    pub cost: Option<u64>,
+}
+
+/// `POST /v1/reset`: forget a key's counters under a policy or inline rules.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResetRequest {
+    /// The key.
+    pub key: String,
+    /// A policy. Give this or `limits`.
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// Inline rules, as in `/v1/check`.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub limits: Option<Vec<Rule>>,
+}
+
+/// One rule's part of a decision.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RuleBody {
+    /// The rule's name, or its algorithm and position (`fixed_window.0`).
+    pub name: String,
+    /// The rule's algorithm.
+    pub algorithm: &'static str,
+    /// Whether this rule alone admits the request.
+    pub allowed: bool,
+    /// The most units the rule admits at once.
+    pub limit: u64,
+    /// Units left after this decision.
+    pub remaining: u64,
+    /// Milliseconds until the rule is full again, rounded up.
+    pub reset_after_ms: u64,
+    /// Milliseconds until the same cost would be admitted by this rule, rounded up.
+    pub retry_after_ms: u64,
+}
+
+/// The answer to a check or acquire: the same body on 200 and 429.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DecisionBody {
+    /// Whether to let the request through (true for shadow-mode denials).
+    pub allowed: bool,
+    /// The most restrictive rule's limit.
+    pub limit: u64,
+    /// The most restrictive rule's remaining units.
+    pub remaining: u64,
+    /// Milliseconds until the most restrictive rule is full again.
+    pub reset_after_ms: u64,
+    /// Milliseconds until the same cost would be admitted (0 when admitted).
+    pub retry_after_ms: u64,
+    /// True when answered without the primary backend (its failure policy answered).
+    pub degraded: bool,
+    /// The policy applied (`inline` for inline rules).
+    pub policy: String,
+    /// Shadow mode only: the rules denied, but the request is let through.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub shadow_denied: bool,
+    /// `on_limit = "delay"`: milliseconds the request was held before this answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delayed_ms: Option<u64>,
+    /// Acquire only: the lease to hand back to `/v1/release`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
+    /// Every rule's outcome, in the policy's order.
+    pub rules: Vec<RuleBody>,
+}
+
+impl DecisionBody {
+    fn new(policy: &Policy, verdict: &Verdict, lease_id: Option<String>) -> Self {
+        let d = &verdict.decision;
+        let rules = policy
+            .rules
+            .rules()
+            .zip(d.rules())
+            .enumerate()
+            .map(|(index, (rule, o))| RuleBody {
+                name: rule_name(rule, index),
+                algorithm: o.algorithm.as_str(),
+                allowed: o.allowed,
+                limit: o.limit,
+                remaining: o.remaining,
+                reset_after_ms: ceil_millis(o.reset_after),
+                retry_after_ms: ceil_millis(o.retry_after),
+            })
+            .collect();
+        DecisionBody {
+            allowed: verdict.allowed(),
+            limit: d.limit(),
+            remaining: d.remaining(),
+            reset_after_ms: ceil_millis(d.reset_after()),
+            retry_after_ms: ceil_millis(d.retry_after()),
+            degraded: verdict.degraded,
+            policy: policy.name.to_string(),
+            shadow_denied: verdict.shadow_denied,
+            delayed_ms: (!verdict.waited.is_zero()).then(|| ceil_millis(verdict.waited)),
+            lease_id,
+            rules,
+        }
+    }
+}
+
+/// 200 or 429 with the decision body and the rate-limit headers.
+fn decision_response(
+    state: &AppState,
+    policy: &Policy,
+    verdict: &Verdict,
+    lease_id: Option<String>,
+) -> Response {
+    let status = if verdict.allowed() { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
+    let mut response = (status, Json(DecisionBody::new(policy, verdict, lease_id))).into_response();
+    let reset = state.config.load().server.reset_header;
+    rate_limit_headers(response.headers_mut(), &policy.rules, &verdict.decision, reset, !verdict.allowed());
+    response
+}
+
+/// The field of an inline rule a rule-set error is about.
+fn rule_error_field(e: &RuleError, list: &str) -> String {
+    match *e {
+        RuleError::OutOfRange { index, field, .. } => format!("{list}[{index}].{field}"),
+        RuleError::LogLimitTooLarge { index, .. } => format!("{list}[{index}].limit"),
+        RuleError::NameTooLong { index, .. } => format!("{list}[{index}].name"),
+        RuleError::Inexact { index, .. } | RuleError::Duplicate { index, .. } => format!("{list}[{index}]"),
+        _ => list.to_owned(),
+    }
+}
+
+fn inline_policy(rules: Vec<Rule>) -> Result<Arc<Policy>, Problem> {
+    if rules.len() > MAX_INLINE_RULES {
+        return Err(Problem::invalid(
+            "limits",
+            format!("{} rules given; at most {MAX_INLINE_RULES} are allowed in one request", rules.len()),
+        ));
+    }
+    let rules =
+        RuleSet::new(rules).map_err(|e| Problem::invalid(rule_error_field(&e, "limits"), e.to_string()))?;
+    Ok(Arc::new(Policy::enforce(INLINE_POLICY, rules)))
+}
+
+/// The policy a request names, or its inline rules.
+fn resolve(
+    state: &AppState,
+    policy: Option<&str>,
+    limits: Option<Vec<Rule>>,
+) -> Result<Arc<Policy>, Problem> {
+    match (policy, limits) {
+        (Some(_), Some(_)) => {
+            Err(Problem::invalid("limits", "give either a policy or inline limits, not both"))
+        }
+        (None, None) => Err(Problem::invalid("policy", "give a policy name, or inline rules in limits")),
+        (Some(name), None) => {
+            state.config.load().policies.get(name).cloned().ok_or_else(|| Problem::unknown_policy(name))
+        }
+        (None, Some(rules)) => inline_policy(rules),
+    }
+}
+
+/// The policy of a lease request: a named one, or an inline concurrency rule.
+fn resolve_lease(
+    state: &AppState,
+    policy: Option<&str>,
+    limit: Option<u64>,
+    lease: Option<Period>,
+) -> Result<Arc<Policy>, Problem> {
+    let policy = match (policy, limit, lease) {
+        (Some(_), Some(_), _) => {
+            return Err(Problem::invalid("limit", "give either a policy or limit, not both"));
+        }
+        (Some(_), _, Some(_)) => {
+            return Err(Problem::invalid("lease", "give either a policy or lease, not both"));
+        }
+        (Some(name), None, None) => resolve(state, Some(name), None)?,
+        (None, Some(limit), Some(lease)) => {
+            inline_policy(vec![Rule::concurrency(limit, lease).named("concurrency")])
+                .map_err(|p| Problem { field: Some("limit".into()), ..p })?
+        }
+        (None, None, _) => {
+            return Err(Problem::invalid("policy", "give a policy name, or an inline limit and lease"));
+        }
+        (None, Some(_), None) => {
+            return Err(Problem::invalid("lease", "an inline limit needs a lease, like \"30s\""));
+        }
+    };
+    if !policy.rules.has_concurrency() {
+        return Err(Problem::invalid(
+            "policy",
+            format!("policy {:?} has no concurrency rule: use /v1/check", policy.name),
+        ));
+    }
+    Ok(policy)
+}
+
+/// A limiter error as an answer. `rules_field` is where the rules came from (`policy` or
+/// `limits`).
+fn limit_problem(e: LimitError, rules_field: &str) -> Problem {
+    match e {
+        LimitError::Unavailable(e) => {
+            Problem::unavailable(format!("{e}; the failure policy is closed, so no decision was made"))
+        }
+        LimitError::Invalid(e) => match e {
+            CoreError::InvalidKey(_) => Problem::invalid("key", e.to_string()),
+            CoreError::CostExceedsCapacity { .. } | CoreError::CostTooLarge { .. } => {
+                Problem::invalid("cost", e.to_string())
+            }
+            CoreError::LeaseRequired { .. } => {
+                Problem::invalid(rules_field, format!("{e}; use /v1/acquire and /v1/release"))
+            }
+            other => Problem::invalid(rules_field, other.to_string()),
+        },
+        _ => Problem::internal(),
+    }
+}
+
+fn rules_field(policy: &Option<String>) -> &'static str {
+    if policy.is_some() { "policy" } else { "limits" }
+}
+
+/// Checks (and takes) `cost` units for a key.
+#[utoipa::path(
+    post, path = "/v1/check", request_body = CheckRequest,
+    responses(
+        (status = 200, description = "Admitted", body = DecisionBody),
+        (status = 429, description = "Denied (same body)", body = DecisionBody),
+        (status = 400, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown policy", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Backend down, failure policy closed", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn check(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<CheckRequest>,
+) -> Result<Response, Problem> {
+    let field = rules_field(&req.policy);
+    let policy = resolve(&state, req.policy.as_deref(), req.limits)?;
+    let verdict =
+        state.limiter.check(&req.key, &policy, req.cost).await.map_err(|e| limit_problem(e, field))?;
+    Ok(decision_response(&state, &policy, &verdict, None))
+}
+
+/// Takes units held at once; answers a lease id to release them with.
+#[utoipa::path(
+    post, path = "/v1/acquire", request_body = AcquireRequest,
+    responses(
+        (status = 200, description = "Admitted, with a lease_id", body = DecisionBody),
+        (status = 429, description = "Denied", body = DecisionBody),
+        (status = 400, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown policy", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Backend down, failure policy closed", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn acquire(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<AcquireRequest>,
+) -> Result<Response, Problem> {
+    let policy = resolve_lease(&state, req.policy.as_deref(), req.limit, req.lease)?;
+    let (verdict, lease) = state
+        .limiter
+        .acquire(&req.key, &policy, req.cost)
+        .await
+        .map_err(|e| limit_problem(e, rules_field(&req.policy)))?;
+    let lease_id = lease.map(|l| l.id.to_string());
+    Ok(decision_response(&state, &policy, &verdict, lease_id))
+}
+
+/// Gives back a lease's units.
+#[utoipa::path(
+    post, path = "/v1/release", request_body = ReleaseRequest,
+    responses(
+        (status = 200, description = "Released; the state after, as a peek", body = DecisionBody),
+        (status = 400, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown policy", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Backend down, failure policy closed", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn release(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<ReleaseRequest>,
+) -> Result<Response, Problem> {
+    let policy = resolve_lease(&state, req.policy.as_deref(), req.limit, req.lease)?;
+    let id: LeaseId = req
+        .lease_id
+        .parse()
+        .map_err(|e: tollgate_core::LeaseIdError| Problem::invalid("lease_id", e.to_string()))?;
+    let units = req.cost.unwrap_or(MAX_CONCURRENCY_LIMIT);
+    if units == 0 || units > MAX_CONCURRENCY_LIMIT {
+        return Err(Problem::invalid("cost", format!("cost must be between 1 and {MAX_CONCURRENCY_LIMIT}")));
+    }
+    let lease = Lease { id, units };
+    let verdict = state
+        .limiter
+        .release(&req.key, &policy.rules, &lease)
+        .await
+        .map_err(|e| limit_problem(e, rules_field(&req.policy)))?;
+    let mut response = decision_response(&state, &policy, &verdict, None);
+    // A release is never refused: the peek's status is informative only.
+    *response.status_mut() = StatusCode::OK;
+    response.headers_mut().remove(axum::http::header::RETRY_AFTER);
+    Ok(response)
+}
+
+/// Forgets a key's counters under a policy or inline rules.
+#[utoipa::path(
+    post, path = "/v1/reset", request_body = ResetRequest,
+    responses(
+        (status = 204, description = "Reset"),
+        (status = 400, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown policy", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Backend down: nothing was reset", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn reset(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<ResetRequest>,
+) -> Result<StatusCode, Problem> {
+    let field = rules_field(&req.policy);
+    let policy = resolve(&state, req.policy.as_deref(), req.limits)?;
+    state.limiter.reset(&req.key, &policy.rules).await.map_err(|e| limit_problem(e, field))?;
+    Ok(StatusCode::NO_CONTENT)
+}

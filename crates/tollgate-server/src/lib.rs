@@ -1,0 +1,67 @@
+//! Tollgate's HTTP decision API over a [`tollgate_limiter::Limiter`]: the routes, the
+//! rate-limit headers, RFC 9457 errors, Prometheus metrics and the OpenAPI document. Knows
+//! nothing of Redis or Lua; the binary (`crates/tollgate`) picks the backend.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tollgate_config::Config;
+//! use tollgate_core::MemoryBackend;
+//! use tollgate_limiter::Limiter;
+//! use tollgate_server::{AppState, router};
+//!
+//! let config = Config::builtin();
+//! let limiter = Limiter::new(Arc::new(MemoryBackend::new()), "memory", config.limiter_settings());
+//! let app: axum::Router = router(AppState::new(limiter, config));
+//! ```
+
+pub mod api;
+pub mod headers;
+mod openapi;
+pub mod ops;
+pub mod problem;
+mod state;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::Uri;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi as _;
+
+pub use openapi::ApiDoc;
+pub use problem::{MAX_BODY_BYTES, Problem};
+pub use state::{AppState, prometheus};
+
+async fn not_found(uri: Uri) -> Problem {
+    Problem::not_found(uri.path())
+}
+
+async fn method_not_allowed() -> Problem {
+    Problem::method_not_allowed()
+}
+
+async fn openapi() -> impl IntoResponse {
+    axum::Json(ApiDoc::openapi())
+}
+
+/// The HTTP API's routes over `state`.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/check", post(api::check))
+        .route("/v1/acquire", post(api::acquire))
+        .route("/v1/release", post(api::release))
+        .route("/v1/reset", post(api::reset))
+        .route("/v1/info", get(ops::info))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(openapi))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(TraceLayer::new_for_http())
+        .layer(CatchPanicLayer::custom(|_| Problem::internal().into_response()))
+        .with_state(state)
+}

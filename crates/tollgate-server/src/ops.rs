@@ -1,0 +1,81 @@
+//! Operations routes: liveness, readiness, info, metrics and the OpenAPI document.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tollgate_limiter::BreakerState;
+use utoipa::ToSchema;
+
+use crate::state::AppState;
+
+/// `GET /healthz` and `GET /readyz` bodies.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`, or `unavailable` when the backend does not answer.
+    pub status: &'static str,
+    /// The backend (`memory` or `redis`).
+    pub backend: String,
+}
+
+/// `GET /v1/info` body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Info {
+    /// Whether rate limiting is in force (always true for a running server).
+    pub enabled: bool,
+    /// The primary backend: `memory` or `redis`.
+    pub backend: String,
+    /// Whether the primary backend answers right now.
+    pub backend_available: bool,
+    /// `closed` while the backend is used; `open` while it is bypassed after failures.
+    pub breaker: &'static str,
+    /// What is answered while the backend fails: `local`, `open` or `closed`.
+    pub on_failure: &'static str,
+    /// The server's version.
+    pub version: &'static str,
+    /// Names of the configured policies.
+    pub policies: Vec<String>,
+}
+
+/// The process is alive.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, body = Health)))]
+pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
+    Json(Health { status: "ok", backend: state.limiter.backend_name().to_owned() })
+}
+
+/// The backend answers (503 when it does not, whatever the failure policy).
+#[utoipa::path(get, path = "/readyz", responses((status = 200, body = Health), (status = 503, body = Health)))]
+pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
+    let backend = state.limiter.backend_name().to_owned();
+    match state.limiter.ping().await {
+        Ok(()) => (StatusCode::OK, Json(Health { status: "ok", backend })),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, Json(Health { status: "unavailable", backend })),
+    }
+}
+
+/// What is running, and whether its backend answers.
+#[utoipa::path(get, path = "/v1/info", responses((status = 200, body = Info)))]
+pub async fn info(State(state): State<AppState>) -> Json<Info> {
+    let limiter = &state.limiter;
+    let config = state.config();
+    Json(Info {
+        enabled: true,
+        backend: limiter.backend_name().to_owned(),
+        backend_available: limiter.ping().await.is_ok(),
+        breaker: match limiter.breaker_state() {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+        },
+        on_failure: limiter.failure_policy().as_str(),
+        version: env!("CARGO_PKG_VERSION"),
+        policies: config.policies.iter().map(|(name, _)| name.to_owned()).collect(),
+    })
+}
+
+/// Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", responses((status = 200, content_type = "text/plain")))]
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let body = state.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}

@@ -1,0 +1,285 @@
+//! Errors as RFC 9457 `application/problem+json`, and the JSON body extractor that turns every
+//! malformed request into one, naming the offending field.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use utoipa::ToSchema;
+
+/// Where the problem types are documented (`docs/api.md`, one heading per type).
+const TYPE_BASE: &str = "https://github.com/tollgate-rs/tollgate/blob/main/docs/api.md#";
+
+/// An error answer (RFC 9457).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Problem {
+    /// A URI naming the kind of problem.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A short summary of the kind of problem.
+    pub title: &'static str,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What is wrong with this request.
+    pub detail: String,
+    /// The request field at fault, as a path like `limits[0].period`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// For 503s: seconds to wait before retrying.
+    #[serde(skip)]
+    pub retry_after: Option<u64>,
+}
+
+impl Problem {
+    fn new(status: StatusCode, slug: &str, title: &'static str, detail: impl Into<String>) -> Self {
+        Problem {
+            kind: format!("{TYPE_BASE}{slug}"),
+            title,
+            status: status.as_u16(),
+            detail: detail.into(),
+            field: None,
+            retry_after: None,
+        }
+    }
+
+    /// 400: a field's value is not acceptable.
+    pub fn invalid(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        let mut p = Self::new(StatusCode::BAD_REQUEST, "invalid-request", "Invalid request", detail);
+        p.field = Some(field.into());
+        p
+    }
+
+    /// 400: the body is not JSON at all.
+    pub fn malformed(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "malformed-body", "Malformed JSON body", detail)
+    }
+
+    /// 404: no policy of that name.
+    pub fn unknown_policy(name: &str) -> Self {
+        let mut p = Self::new(
+            StatusCode::NOT_FOUND,
+            "unknown-policy",
+            "Unknown policy",
+            format!("there is no policy named {name:?}"),
+        );
+        p.field = Some("policy".into());
+        p
+    }
+
+    /// 404: no such route.
+    pub fn not_found(path: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", format!("no route for {path}"))
+    }
+
+    /// 405: the route exists, the method does not.
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "Method not allowed",
+            "this route does not accept that method; see /openapi.json",
+        )
+    }
+
+    /// 413: the body is larger than allowed.
+    pub fn too_large(max: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "Body too large",
+            format!("the request body is larger than {max} bytes"),
+        )
+    }
+
+    /// 415: the body is not declared as JSON.
+    pub fn unsupported_media_type() -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-media-type",
+            "Unsupported media type",
+            "send the body as JSON, with Content-Type: application/json",
+        )
+    }
+
+    /// 503: the backend failed and the failure policy is `closed`.
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        let mut p = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "backend-unavailable",
+            "Rate-limit backend unavailable",
+            detail,
+        );
+        p.retry_after = Some(1);
+        p
+    }
+
+    /// 500: a bug. Answered rather than dropping the connection.
+    pub fn internal() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal error",
+            "an internal error occurred",
+        )
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let retry_after = self.retry_after;
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let Some(secs) = retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+/// A JSON body, deserialized with every error answered as a [`Problem`] naming its field.
+pub struct ApiJson<T>(pub T);
+
+/// The body limit, enforced by the router's `DefaultBodyLimit`.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+fn is_json(content_type: Option<&HeaderValue>) -> bool {
+    let Some(value) = content_type.and_then(|v| v.to_str().ok()) else { return false };
+    let mime = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+        if !is_json(req.headers().get(header::CONTENT_TYPE)) {
+            return Err(Problem::unsupported_media_type());
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                Problem::too_large(MAX_BODY_BYTES)
+            } else {
+                Problem::malformed(rejection.body_text())
+            }
+        })?;
+        parse(&bytes).map(ApiJson)
+    }
+}
+
+/// Deserializes `bytes`, naming the field of the first error.
+pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let inner = e.inner();
+        if inner.is_syntax() || inner.is_eof() {
+            return Problem::malformed(inner.to_string());
+        }
+        let mut path = e.path().to_string();
+        let message = inner.to_string();
+        if let Some(param) = rule_parameter_at_fault(bytes, e.path()) {
+            path = join(&path, &param);
+        }
+        let field = named_field(&message).map_or(path.clone(), |name| join(&path, name));
+        // serde's messages end with " at line 1 column 42", which means nothing to an API client.
+        let detail = message.split(" at line ").next().unwrap_or(&message).to_owned();
+        Problem::invalid(if field == "." { "body".into() } else { field }, detail)
+    })?;
+    de.end().map_err(|e| Problem::malformed(e.to_string()))?;
+    Ok(value)
+}
+
+/// Rules are read through an internally tagged enum, which buffers its fields and so loses
+/// their path: an error in `limits[0].period` is reported at `limits[0]`. This finds the
+/// parameter at fault by reading each one of the object at `path` alone.
+fn rule_parameter_at_fault(bytes: &[u8], path: &serde_path_to_error::Path) -> Option<String> {
+    use serde_path_to_error::Segment;
+    use tollgate_core::{Align, Period};
+    let root: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let mut value = &root;
+    for segment in path.iter() {
+        value = match segment {
+            Segment::Seq { index } => value.get(*index)?,
+            Segment::Map { key } => value.get(key)?,
+            _ => return None,
+        };
+    }
+    let object = value.as_object()?;
+    object.iter().find_map(|(key, v)| {
+        let fits = match key.as_str() {
+            "period" | "per" | "lease" => serde_json::from_value::<Period>(v.clone()).is_ok(),
+            "limit" | "capacity" | "refill" | "burst" => serde_json::from_value::<u64>(v.clone()).is_ok(),
+            "align" => serde_json::from_value::<Align>(v.clone()).is_ok(),
+            "name" | "algorithm" => v.is_string(),
+            _ => true,
+        };
+        (!fits).then(|| key.clone())
+    })
+}
+
+/// The field a serde message is about when it names one (unknown or missing fields are reported
+/// at their parent's path).
+fn named_field(message: &str) -> Option<&str> {
+    ["unknown field `", "missing field `", "duplicate field `"]
+        .iter()
+        .find_map(|prefix| message.strip_prefix(prefix))
+        .and_then(|rest| rest.split('`').next())
+}
+
+fn join(path: &str, name: &str) -> String {
+    // Unknown fields are reported at their own path, missing ones at their parent's.
+    if path == "." {
+        name.to_owned()
+    } else if path == name || path.ends_with(&format!(".{name}")) {
+        path.to_owned()
+    } else {
+        format!("{path}.{name}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Req {
+        key: String,
+        limits: Option<Vec<tollgate_core::Rule>>,
+    }
+
+    fn field(body: &str) -> Option<String> {
+        parse::<Req>(body.as_bytes()).unwrap_err().field
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert_eq!(field(r#"{"key": 1}"#).as_deref(), Some("key"));
+        assert_eq!(field(r#"{}"#).as_deref(), Some("key"));
+        assert_eq!(field(r#"{"key": "k", "kye": 1}"#).as_deref(), Some("kye"));
+        assert_eq!(
+            field(r#"{"key": "k", "limits": [{"algorithm": "fixed_window", "limit": 1, "period": "soon"}]}"#)
+                .as_deref(),
+            Some("limits[0].period")
+        );
+        assert_eq!(
+            field(r#"{"key": "k", "limits": [{"algorithm": "fixed_window", "limit": 1, "period": "1s", "x": 1}]}"#)
+                .as_deref(),
+            Some("limits[0].x")
+        );
+    }
+
+    #[test]
+    fn syntax_errors_and_trailing_bytes_are_malformed() {
+        for body in [r#"{"key": "#, r#"{"key": "k"} x"#, "", "[]x"] {
+            let p = parse::<Req>(body.as_bytes()).unwrap_err();
+            assert_eq!(p.status, 400, "{body}");
+        }
+        assert!(parse::<Req>(br#"{"key": "k"} x"#).unwrap_err().kind.ends_with("malformed-body"));
+    }
+}

@@ -1,0 +1,81 @@
+//! The `tollgate` command: `serve` runs the HTTP decision service, `check-config` validates a
+//! configuration file. Wires the crates together (config, backend, limiter, server) and owns
+//! the process: logging, signals, reloading.
+
+mod serve;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Tollgate: a distributed rate limiter.
+///
+/// `tollgate serve` answers rate-limit decisions over HTTP (POST /v1/check). Counters live in
+/// this process by default, or in Redis with --redis, shared by every instance.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the HTTP decision service.
+    ///
+    /// Without --config, the built-in configuration (tollgate.example.toml) is used: the
+    /// in-memory backend and the example policies. A configuration file is reloaded when it
+    /// changes; a file with a mistake is refused with its line and the last good one stays.
+    Serve(ServeArgs),
+    /// Validate a configuration file and list its policies; exits non-zero on a mistake.
+    CheckConfig {
+        /// The TOML file to check.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Configuration file (TOML; see tollgate.example.toml).
+    #[arg(long, env = "TOLLGATE_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address of the HTTP API [default: the config's server.listen, else 127.0.0.1:8080].
+    #[arg(long, env = "TOLLGATE_LISTEN", value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Keep counters in Redis: redis://[user:password@]host:port[/db], or rediss:// for TLS.
+    /// Overrides the config's [backend].
+    #[arg(long, env = "TOLLGATE_REDIS_URL", value_name = "URL")]
+    redis: Option<String>,
+    /// Log JSON lines instead of text (the log level comes from RUST_LOG; default info).
+    #[arg(long, env = "TOLLGATE_JSON_LOGS")]
+    json_logs: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { file } => match tollgate_config::Config::load(&file) {
+            Ok(config) => {
+                let names: Vec<&str> = config.policies.iter().map(|(name, _)| name).collect();
+                println!("{}: ok, {} policies: {}", file.display(), names.len(), names.join(", "));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Serve(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
+            match runtime.map_err(anyhow::Error::from).and_then(|rt| rt.block_on(serve::run(args))) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! `tollgate serve`: configuration, backend, limiter and HTTP server, wired and run until a
+//! signal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tollgate_config::{BackendKind, Config};
+use tollgate_core::{Backend, MemoryBackend};
+use tollgate_limiter::Limiter;
+use tollgate_redis::RedisBackend;
+use tollgate_server::AppState;
+use tracing_subscriber::EnvFilter;
+
+use crate::ServeArgs;
+
+/// How long in-flight requests (delayed ones included) may take to finish after a signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+fn init_logging(json: bool) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json { builder.json().init() } else { builder.init() }
+}
+
+fn backend(config: &Config) -> anyhow::Result<(Arc<dyn Backend>, &'static str)> {
+    let b = &config.backend;
+    Ok(match b.kind {
+        BackendKind::Memory => (Arc::new(MemoryBackend::new()), "memory"),
+        BackendKind::Redis => {
+            let url = b.url.as_deref().context("backend.kind = \"redis\" needs backend.url")?;
+            let redis = RedisBackend::builder(url)
+                .prefix(b.prefix.clone())
+                .timeout(b.timeout)
+                .connections(b.connections)
+                .build()
+                .context("cannot configure the Redis backend")?;
+            (Arc::new(redis), "redis")
+        }
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // rediss:// needs a TLS crypto provider; ring builds with a C compiler alone.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::builtin(),
+    };
+    if let Some(listen) = args.listen {
+        config.server.listen = listen;
+    }
+    if let Some(url) = &args.redis {
+        config.backend.use_redis(url.clone())?;
+    }
+    init_logging(args.json_logs || config.server.json_logs);
+
+    tollgate_server::prometheus();
+    let (backend, backend_name) = backend(&config)?;
+    let limiter = Limiter::new(backend, backend_name, config.limiter_settings());
+    if backend_name == "redis"
+        && let Err(e) = limiter.ping().await
+    {
+        tracing::warn!(error = %e, on_failure = limiter.failure_policy().as_str(),
+            "Redis does not answer yet; decisions follow the failure policy until it does");
+    }
+    let listen = config.server.listen;
+    let startup = config.clone();
+    let state = AppState::new(limiter, config);
+
+    let _watcher = match &args.config {
+        Some(path) => {
+            let state = state.clone();
+            let watcher = tollgate_config::watch(path, move |result| match result {
+                Ok(new) => {
+                    if new.server.listen != startup.server.listen || new.backend.kind != startup.backend.kind
+                        || new.backend.url != startup.backend.url
+                    {
+                        tracing::warn!("server.listen and [backend] changes take effect at the next restart");
+                    }
+                    let names: Vec<&str> = new.policies.iter().map(|(n, _)| n).collect();
+                    tracing::info!(policies = ?names, "configuration reloaded");
+                    state.replace_config(new);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "configuration reload refused; the last good configuration stays")
+                }
+            })
+            .context("cannot watch the configuration file")?;
+            Some(watcher)
+        }
+        None => None,
+    };
+
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let policies: Vec<String> = state.config().policies.iter().map(|(n, _)| n.to_owned()).collect();
+    tracing::info!(
+        address = %listener.local_addr()?, backend = backend_name,
+        config = %args.config.as_ref().map_or("builtin".into(), |p| p.display().to_string()),
+        policies = ?policies, "tollgate is listening"
+    );
+
+    let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, tollgate_server::router(state)).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: no new connections; finishing requests in flight");
+        let _ = signalled_tx.send(());
+    });
+    tokio::select! {
+        result = server => result.context("server error")?,
+        () = async {
+            let _ = signalled_rx.await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => tracing::warn!("requests still in flight after {SHUTDOWN_GRACE:?}; stopping anyway"),
+    }
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! Runs the real `tollgate` binary for end-to-end tests: a private config file, a free port,
+//! logs kept for assertions, killed when dropped.
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub struct Tollgate {
+    child: Child,
+    pub base: String,
+    pub client: reqwest::Client,
+    dir: tempfile::TempDir,
+}
+
+impl Tollgate {
+    /// Starts `tollgate serve --config <config>` with `extra` arguments and waits until
+    /// `/healthz` answers.
+    pub async fn start(config: &str, extra: &[&str]) -> Tollgate {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tollgate.toml"), config).unwrap();
+        Self::start_in(dir, extra, true).await
+    }
+
+    /// Starts `tollgate serve` on the built-in configuration.
+    pub async fn start_builtin(extra: &[&str]) -> Tollgate {
+        Self::start_in(tempfile::tempdir().unwrap(), extra, false).await
+    }
+
+    async fn start_in(dir: tempfile::TempDir, extra: &[&str], with_config: bool) -> Tollgate {
+        let port = tollgate_testkit::free_port();
+        let log = std::fs::File::create(dir.path().join("tollgate.log")).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        cmd.arg("serve").args(["--listen", &format!("127.0.0.1:{port}")]);
+        if with_config {
+            cmd.arg("--config").arg(dir.path().join("tollgate.toml"));
+        }
+        let child = cmd
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env_remove("TOLLGATE_CONFIG")
+            .env_remove("TOLLGATE_REDIS_URL")
+            .env_remove("TOLLGATE_LISTEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("the tollgate binary starts");
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+        let mut server = Tollgate { child, base: format!("http://127.0.0.1:{port}"), client, dir };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("tollgate exited with {status}:\n{}", server.logs());
+            }
+            if let Ok(r) = server.client.get(server.url("/healthz")).send().await
+                && r.status() == 200
+            {
+                return server;
+            }
+            assert!(Instant::now() < deadline, "tollgate did not answer /healthz:\n{}", server.logs());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("tollgate.toml")
+    }
+
+    /// Replaces the config file the way an editor does (write aside, rename over).
+    pub fn rewrite_config(&self, text: &str) {
+        let tmp = self.dir.path().join("tollgate.toml.new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(tmp, self.config_path()).unwrap();
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("tollgate.log")).unwrap_or_default()
+    }
+
+    /// POSTs `body` as JSON to `path`.
+    pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client.post(self.url(path)).json(body).send().await.unwrap()
+    }
+
+    /// POSTs raw bytes with a content type.
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        content_type: Option<&str>,
+        body: impl Into<reqwest::Body>,
+    ) -> reqwest::Response {
+        let mut req = self.client.post(self.url(path)).body(body);
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        req.send().await.unwrap()
+    }
+
+    /// `POST /v1/check`: status and body.
+    pub async fn check(&self, body: Value) -> (u16, Value) {
+        let r = self.post("/v1/check", &body).await;
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap())
+    }
+
+    pub async fn get_text(&self, path: &str) -> (u16, String) {
+        let r = self.client.get(self.url(path)).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    /// The value of one Prometheus sample (a line starting with `series`), 0 when absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let (_, text) = self.get_text("/metrics").await;
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "tollgate did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Tollgate {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
