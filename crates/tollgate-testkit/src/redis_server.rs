@@ -33,10 +33,19 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments (such as `["--maxmemory", "10mb"]`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_at(None, extra)
+    }
+
+    /// Starts a server on `port` (when a client was configured for it before it existed).
+    pub fn start_on(port: u16) -> RedisServer {
+        Self::start_at(Some(port), &[])
+    }
+
+    fn start_at(port: Option<u16>, extra: &[&str]) -> RedisServer {
         let mut last_error = String::new();
         // A port found free can be taken before the server binds it; try a few.
         for _ in 0..5 {
-            let port = free_port();
+            let port = port.unwrap_or_else(free_port);
             let dir = tempfile::tempdir().expect("temporary directory");
             let child = match spawn(port, dir.path(), extra) {
                 Ok(child) => child,

@@ -22,15 +22,22 @@ impl Tollgate {
     pub async fn start(config: &str, extra: &[&str]) -> Tollgate {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tollgate.toml"), config).unwrap();
-        Self::start_in(dir, extra, true).await
+        Self::start_in(dir, extra, true, &[]).await
+    }
+
+    /// Like [`start`](Self::start), with extra environment variables.
+    pub async fn start_with_env(config: &str, extra: &[&str], env: &[(&str, &str)]) -> Tollgate {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tollgate.toml"), config).unwrap();
+        Self::start_in(dir, extra, true, env).await
     }
 
     /// Starts `tollgate serve` on the built-in configuration.
     pub async fn start_builtin(extra: &[&str]) -> Tollgate {
-        Self::start_in(tempfile::tempdir().unwrap(), extra, false).await
+        Self::start_in(tempfile::tempdir().unwrap(), extra, false, &[]).await
     }
 
-    async fn start_in(dir: tempfile::TempDir, extra: &[&str], with_config: bool) -> Tollgate {
+    async fn start_in(dir: tempfile::TempDir, extra: &[&str], with_config: bool, env: &[(&str, &str)]) -> Tollgate {
         let port = tollgate_testkit::free_port();
         let log = std::fs::File::create(dir.path().join("tollgate.log")).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
@@ -40,6 +47,7 @@ impl Tollgate {
         }
         let child = cmd
             .args(extra)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .env_remove("TOLLGATE_CONFIG")
             .env_remove("TOLLGATE_REDIS_URL")
@@ -116,12 +124,13 @@ impl Tollgate {
         (r.status().as_u16(), r.text().await.unwrap())
     }
 
-    /// The value of one Prometheus sample (a line starting with `series`), 0 when absent.
+    /// The sum of the Prometheus samples whose line starts with `series` (0 when none).
     pub async fn metric(&self, series: &str) -> f64 {
         let (_, text) = self.get_text("/metrics").await;
         text.lines()
-            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
-            .unwrap_or(0.0)
+            .filter(|l| l.starts_with(series))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum()
     }
 
     /// Sends SIGTERM and waits for the exit status.

@@ -1,0 +1,153 @@
+//! The command line: configuration reloads (good and broken files), `check-config`, the
+//! environment variables, `--help`, and shutdown on SIGTERM.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Tollgate;
+use serde_json::{Value, json};
+
+fn policy(name: &str, limit: u64) -> String {
+    format!("[policies.{name}]\nrules = [{{ name = \"hourly\", algorithm = \"fixed_window\", limit = {limit}, period = \"1h\" }}]\n")
+}
+
+async fn info(server: &Tollgate) -> Value {
+    server.client.get(server.url("/v1/info")).send().await.unwrap().json().await.unwrap()
+}
+
+/// Polls `probe` until it is true, for at most `within`.
+async fn eventually<F: Future<Output = bool>>(within: Duration, mut probe: impl FnMut() -> F) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if probe().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_changed_file_is_applied_and_a_broken_one_refused() {
+    let server = Tollgate::start(&policy("p", 1), &[]).await;
+    let body = json!({"key": "k", "policy": "p"});
+    assert_eq!(server.check(body.clone()).await.0, 200);
+    assert_eq!(server.check(body.clone()).await.0, 429);
+
+    // Raise the limit and add a policy.
+    server.rewrite_config(&format!("{}{}", policy("p", 5), policy("q", 1)));
+    let applied = eventually(Duration::from_secs(5), || async {
+        server.check(json!({"key": "k", "policy": "p", "cost": 0})).await.1["limit"] == 5
+    })
+    .await;
+    assert!(applied, "the new limit applies:\n{}", server.logs());
+    // A new limit is a new rule with its own count, so the key starts afresh.
+    assert_eq!(server.check(body.clone()).await.0, 200);
+    assert_eq!(info(&server).await["policies"], json!(["p", "q"]));
+
+    // A broken file: the mistake is on line 4; the last good configuration stays.
+    let broken = "[policies.p]\nrules = [\n  { algorithm = \"fixed_window\", limit = 2, period = \"1h\" },\n  { algorithm = \"gcra\", limit = 1, period = \"1s\", burst = 0 },\n]\n";
+    server.rewrite_config(broken);
+    let logged = eventually(Duration::from_secs(5), || async {
+        server.logs().contains("configuration reload refused")
+    })
+    .await;
+    assert!(logged, "{}", server.logs());
+    assert!(server.logs().contains("tollgate.toml:4"), "the log names the line:\n{}", server.logs());
+    assert_eq!(info(&server).await["policies"], json!(["p", "q"]));
+    assert_eq!(server.check(json!({"key": "k", "policy": "p", "cost": 0})).await.1["limit"], 5);
+
+    // Fixed again.
+    server.rewrite_config(&policy("p", 9));
+    let fixed = eventually(Duration::from_secs(5), || async { info(&server).await["policies"] == json!(["p"]) }).await;
+    assert!(fixed, "{}", server.logs());
+}
+
+#[test]
+fn check_config_accepts_the_example_and_names_the_line_of_a_mistake() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tollgate.example.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate")).args(["check-config", example]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("ok, 5 policies: default, login, smooth, trial, uploads"), "{stdout}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[server]\nlisten = \"127.0.0.1:1\"\n\n[policies.x]\nrules = [{ algorithm = \"fixed_window\", limit = 1, period = \"1 fortnight\" }]\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate")).arg("check-config").arg(&bad).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bad.toml:5"), "{stderr}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate")).args(["check-config", "/nonexistent.toml"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+}
+
+#[test]
+fn help_documents_every_option_and_variable() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate")).args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in ["--config", "TOLLGATE_CONFIG", "--listen", "TOLLGATE_LISTEN", "--redis", "TOLLGATE_REDIS_URL", "--json-logs"] {
+        assert!(help.contains(needle), "{needle} missing from:\n{help}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate")).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("serve") && help.contains("check-config"), "{help}");
+}
+
+#[tokio::test]
+async fn environment_variables_configure_serve_and_sigterm_stops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("env.toml");
+    std::fs::write(&config, policy("from_env", 2)).unwrap();
+    let port = tollgate_testkit::free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("serve")
+        .env("TOLLGATE_CONFIG", &config)
+        .env("TOLLGATE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("TOLLGATE_JSON_LOGS", "true")
+        .env_remove("TOLLGATE_REDIS_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/v1/info");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let info: Value = loop {
+        if let Ok(r) = client.get(&url).send().await {
+            break r.json().await.unwrap();
+        }
+        assert!(Instant::now() < deadline, "no answer on TOLLGATE_LISTEN");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(info["policies"], json!(["from_env"]));
+
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let status = tokio::task::spawn_blocking(move || {
+        let status = child.wait().unwrap();
+        let mut logs = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut logs).unwrap();
+        (status, logs)
+    })
+    .await
+    .unwrap();
+    assert!(status.0.success(), "exit {:?}:\n{}", status.0, status.1);
+    // JSON logs: every line is a JSON object.
+    let first = status.1.lines().next().unwrap();
+    let line: Value = serde_json::from_str(first).unwrap_or_else(|e| panic!("{e}: {first}"));
+    assert_eq!(line["fields"]["message"], "tollgate is listening");
+}
+
+#[tokio::test]
+async fn a_bad_redis_url_is_refused_at_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--redis", "http://example.com"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a Redis URL"));
+}
