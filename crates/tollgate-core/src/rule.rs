@@ -20,6 +20,7 @@ use crate::Period;
 /// assert_eq!(rule, Rule::fixed_window(10, Period::SECOND).named("burst"));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "RawRule")]
 pub struct Rule {
     /// A name for reports and headers; optional, and not part of the rule's identity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -30,9 +31,10 @@ pub struct Rule {
 }
 
 /// The algorithm of a [`Rule`] and its parameters.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-// Unknown parameters are refused, so a misspelt `perod` is an error rather than a default.
-#[serde(tag = "algorithm", rename_all = "snake_case", deny_unknown_fields)]
+///
+/// Serialized with its algorithm in an `algorithm` field; read only as part of a [`Rule`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(tag = "algorithm", rename_all = "snake_case")]
 pub enum RuleKind {
     /// At most `limit` units per window of length `period`.
     FixedWindow {
@@ -128,6 +130,134 @@ impl Algorithm {
             Algorithm::Gcra => "gcra",
             Algorithm::Concurrency => "concurrency",
         }
+    }
+}
+
+impl Algorithm {
+    /// Every algorithm.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::Concurrency,
+    ];
+
+    /// The parameters a rule of this algorithm takes: required ones, then optional ones.
+    pub const fn parameters(self) -> (&'static [&'static str], &'static [&'static str]) {
+        match self {
+            Algorithm::FixedWindow => (&["limit", "period"], &["align"]),
+            Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => (&["limit", "period"], &[]),
+            Algorithm::TokenBucket => (&["capacity", "refill", "per"], &[]),
+            Algorithm::Gcra => (&["limit", "period", "burst"], &[]),
+            Algorithm::Concurrency => (&["limit", "lease"], &[]),
+        }
+    }
+}
+
+const ALGORITHM_NAMES: &[&str] =
+    &["fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "gcra", "concurrency"];
+
+impl std::str::FromStr for Algorithm {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| format!("unknown algorithm `{s}`, expected one of {}", ALGORITHM_NAMES.join(", ")))
+    }
+}
+
+// Only a name: serde's derived enums would also take a number as the variant's position.
+impl<'de> Deserialize<'de> for Algorithm {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Algorithm;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "an algorithm name: {}", ALGORITHM_NAMES.join(", "))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Algorithm, E> {
+                v.parse().map_err(|_| E::unknown_variant(v, ALGORITHM_NAMES))
+            }
+        }
+        d.deserialize_str(Visitor)
+    }
+}
+
+/// A rule as written: every parameter of every algorithm, checked against the algorithm's
+/// own list when turned into a [`Rule`]. A plain struct (not a tagged enum, which buffers its
+/// fields) so that errors keep the path of the field at fault.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    #[serde(default)]
+    name: Option<String>,
+    algorithm: Algorithm,
+    limit: Option<u64>,
+    period: Option<Period>,
+    align: Option<Align>,
+    capacity: Option<u64>,
+    refill: Option<u64>,
+    per: Option<Period>,
+    burst: Option<u64>,
+    lease: Option<Period>,
+}
+
+impl TryFrom<RawRule> for Rule {
+    type Error = String;
+
+    fn try_from(raw: RawRule) -> Result<Rule, String> {
+        let algorithm = raw.algorithm;
+        let given = [
+            ("limit", raw.limit.is_some()),
+            ("period", raw.period.is_some()),
+            ("align", raw.align.is_some()),
+            ("capacity", raw.capacity.is_some()),
+            ("refill", raw.refill.is_some()),
+            ("per", raw.per.is_some()),
+            ("burst", raw.burst.is_some()),
+            ("lease", raw.lease.is_some()),
+        ];
+        let (required, optional) = algorithm.parameters();
+        // The messages name the field the way serde's own do, so callers can point at it.
+        if let Some((field, _)) =
+            given.iter().find(|(f, set)| *set && !required.contains(f) && !optional.contains(f))
+        {
+            let all: Vec<&str> = required.iter().chain(optional).copied().collect();
+            return Err(format!("unknown field `{field}`: {algorithm} takes {}", all.join(", ")));
+        }
+        if let Some(field) = required.iter().find(|f| !given.iter().any(|(g, set)| g == *f && *set)) {
+            return Err(format!("missing field `{field}` ({algorithm} takes {})", required.join(", ")));
+        }
+        let (limit, period, per, lease) = (raw.limit.unwrap_or(0), raw.period, raw.per, raw.lease);
+        let kind = match algorithm {
+            Algorithm::FixedWindow => RuleKind::FixedWindow {
+                limit,
+                period: period.unwrap_or(Period::SECOND),
+                align: raw.align.unwrap_or_default(),
+            },
+            Algorithm::SlidingWindowLog => {
+                RuleKind::SlidingWindowLog { limit, period: period.unwrap_or(Period::SECOND) }
+            }
+            Algorithm::SlidingWindowCounter => {
+                RuleKind::SlidingWindowCounter { limit, period: period.unwrap_or(Period::SECOND) }
+            }
+            Algorithm::TokenBucket => RuleKind::TokenBucket {
+                capacity: raw.capacity.unwrap_or(0),
+                refill: raw.refill.unwrap_or(0),
+                per: per.unwrap_or(Period::SECOND),
+            },
+            Algorithm::Gcra => RuleKind::Gcra {
+                limit,
+                period: period.unwrap_or(Period::SECOND),
+                burst: raw.burst.unwrap_or(0),
+            },
+            Algorithm::Concurrency => RuleKind::Concurrency { limit, lease: lease.unwrap_or(Period::SECOND) },
+        };
+        Ok(Rule { name: raw.name, kind })
     }
 }
 
@@ -234,6 +364,17 @@ mod tests {
         assert!(err.to_string().contains("unknown field `perod`"), "{err}");
         let err = serde_json::from_str::<Rule>(r#"{"algorithm": "leaky", "limit": 1}"#).unwrap_err();
         assert!(err.to_string().contains("unknown variant `leaky`"), "{err}");
+    }
+
+    #[test]
+    fn parameters_must_belong_to_the_algorithm() {
+        let err = |json: &str| serde_json::from_str::<Rule>(json).unwrap_err().to_string();
+        let e = err(r#"{"algorithm": "fixed_window", "limit": 1, "period": "1s", "burst": 2}"#);
+        assert!(e.starts_with("unknown field `burst`: fixed_window takes limit, period, align"), "{e}");
+        let e = err(r#"{"algorithm": "gcra", "limit": 1, "period": "1s"}"#);
+        assert!(e.starts_with("missing field `burst`"), "{e}");
+        let e = err(r#"{"algorithm": 0, "limit": 1, "period": "1s"}"#);
+        assert!(e.contains("invalid type: integer `0`, expected an algorithm name"), "{e}");
     }
 
     #[test]

@@ -102,7 +102,9 @@ impl RedisBackendBuilder {
         }
         let client = redis::Client::open(self.url.as_str()).map_err(ConfigError::Url)?;
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
+            // Connecting (a TLS handshake, on a loaded machine) may take longer than a call is
+            // allowed to; calls still give up after `timeout`, and the connection goes on.
+            .set_connection_timeout(Some(self.timeout.max(Duration::from_secs(1))))
             .set_response_timeout(Some(self.timeout))
             .set_number_of_retries(1)
             .set_max_delay(self.timeout);
@@ -227,9 +229,24 @@ impl Backend for RedisBackend {
         self.bounded(async move { redis::cmd("DEL").arg(keys).query_async::<()>(&mut conn).await }).await
     }
 
-    /// `PING`, within the timeout.
+    /// `PING` on every connection, each within the timeout: a connection that failed earlier
+    /// reconnects on its next use, so a probe that passes leaves them all usable.
     async fn ping(&self) -> Result<(), Error> {
-        let mut conn = self.connection();
-        self.bounded(async move { redis::cmd("PING").query_async::<()>(&mut conn).await }).await
+        let mut result = Ok(());
+        for conn in self.connections.iter() {
+            let ping = || {
+                let mut conn = conn.clone();
+                self.bounded(async move { redis::cmd("PING").query_async::<()>(&mut conn).await })
+            };
+            // A connection that failed before answers its first use with the old error and
+            // reconnects; one retry (not after a timeout, which would only double the wait)
+            // sees the new connection.
+            let pinged = match ping().await {
+                Err(e) if !matches!(e, Error::Timeout(_)) => ping().await,
+                other => other,
+            };
+            result = result.and(pinged);
+        }
+        result
     }
 }

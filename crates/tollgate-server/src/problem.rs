@@ -173,17 +173,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 
 /// Deserializes `bytes`, naming the field of the first error.
 pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+    // serde's derived structs also read arrays, by position; a request is an object.
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|b| *b != b'{') && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() {
+        return Err(Problem::invalid("body", "the body must be a JSON object"));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let inner = e.inner();
         if inner.is_syntax() || inner.is_eof() {
             return Problem::malformed(inner.to_string());
         }
-        let mut path = e.path().to_string();
+        let path = e.path().to_string();
         let message = inner.to_string();
-        if let Some(param) = rule_parameter_at_fault(bytes, e.path()) {
-            path = join(&path, &param);
-        }
         let field = named_field(&message).map_or(path.clone(), |name| join(&path, name));
         // serde's messages end with " at line 1 column 42", which means nothing to an API client.
         let detail = message.split(" at line ").next().unwrap_or(&message).to_owned();
@@ -191,34 +193,6 @@ pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     })?;
     de.end().map_err(|e| Problem::malformed(e.to_string()))?;
     Ok(value)
-}
-
-/// Rules are read through an internally tagged enum, which buffers its fields and so loses
-/// their path: an error in `limits[0].period` is reported at `limits[0]`. This finds the
-/// parameter at fault by reading each one of the object at `path` alone.
-fn rule_parameter_at_fault(bytes: &[u8], path: &serde_path_to_error::Path) -> Option<String> {
-    use serde_path_to_error::Segment;
-    use tollgate_core::{Align, Period};
-    let root: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    let mut value = &root;
-    for segment in path.iter() {
-        value = match segment {
-            Segment::Seq { index } => value.get(*index)?,
-            Segment::Map { key } => value.get(key)?,
-            _ => return None,
-        };
-    }
-    let object = value.as_object()?;
-    object.iter().find_map(|(key, v)| {
-        let fits = match key.as_str() {
-            "period" | "per" | "lease" => serde_json::from_value::<Period>(v.clone()).is_ok(),
-            "limit" | "capacity" | "refill" | "burst" => serde_json::from_value::<u64>(v.clone()).is_ok(),
-            "align" => serde_json::from_value::<Align>(v.clone()).is_ok(),
-            "name" | "algorithm" => v.is_string(),
-            _ => true,
-        };
-        (!fits).then(|| key.clone())
-    })
 }
 
 /// The field a serde message is about when it names one (unknown or missing fields are reported

@@ -180,7 +180,7 @@ fn mismatch(case: &Case, status: u16, content_type: Option<&str>, text: &str) ->
         Err(e) => wrong.push(format!("body is not JSON ({e})")),
         Ok(body) => {
             for member in ["type", "title", "detail"] {
-                if !body[member].as_str().is_some_and(|v| !v.is_empty()) {
+                if body[member].as_str().is_none_or(str::is_empty) {
                     wrong.push(format!("{member} missing or empty"));
                 }
             }

@@ -10,7 +10,9 @@ use common::Tollgate;
 use serde_json::{Value, json};
 
 fn policy(name: &str, limit: u64) -> String {
-    format!("[policies.{name}]\nrules = [{{ name = \"hourly\", algorithm = \"fixed_window\", limit = {limit}, period = \"1h\" }}]\n")
+    format!(
+        "[policies.{name}]\nrules = [{{ name = \"hourly\", algorithm = \"fixed_window\", limit = {limit}, period = \"1h\" }}]\n"
+    )
 }
 
 async fn info(server: &Tollgate) -> Value {
@@ -61,7 +63,9 @@ async fn a_changed_file_is_applied_and_a_broken_one_refused() {
 
     // Fixed again.
     server.rewrite_config(&policy("p", 9));
-    let fixed = eventually(Duration::from_secs(5), || async { info(&server).await["policies"] == json!(["p"]) }).await;
+    let fixed =
+        eventually(Duration::from_secs(5), || async { info(&server).await["policies"] == json!(["p"]) })
+            .await;
     assert!(fixed, "{}", server.logs());
 }
 
@@ -81,7 +85,10 @@ fn check_config_accepts_the_example_and_names_the_line_of_a_mistake() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("bad.toml:5"), "{stderr}");
 
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate")).args(["check-config", "/nonexistent.toml"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check-config", "/nonexistent.toml"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
 }
@@ -90,7 +97,15 @@ fn check_config_accepts_the_example_and_names_the_line_of_a_mistake() {
 fn help_documents_every_option_and_variable() {
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate")).args(["serve", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    for needle in ["--config", "TOLLGATE_CONFIG", "--listen", "TOLLGATE_LISTEN", "--redis", "TOLLGATE_REDIS_URL", "--json-logs"] {
+    for needle in [
+        "--config",
+        "TOLLGATE_CONFIG",
+        "--listen",
+        "TOLLGATE_LISTEN",
+        "--redis",
+        "TOLLGATE_REDIS_URL",
+        "--json-logs",
+    ] {
         assert!(help.contains(needle), "{needle} missing from:\n{help}");
     }
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate")).arg("--help").output().unwrap();

@@ -94,7 +94,10 @@ async fn local_failure_policy_keeps_limiting_then_returns_to_redis() {
     assert_eq!(server.get_text("/readyz").await.0, 503);
     let info: Value = server.client.get(server.url("/v1/info")).send().await.unwrap().json().await.unwrap();
     assert_eq!((info["backend_available"].as_bool(), info["breaker"].as_str()), (Some(false), Some("open")));
-    assert!(server.metric("tollgate_degraded_decisions_total{policy=\"p\",failure_policy=\"local\"}").await >= 5.0);
+    assert!(
+        server.metric("tollgate_degraded_decisions_total{policy=\"p\",failure_policy=\"local\"}").await
+            >= 5.0
+    );
     assert_eq!(server.metric("tollgate_breaker_open{backend=\"redis\"}").await, 1.0);
     assert!(server.metric("tollgate_backend_errors_total{backend=\"redis\",kind=").await >= 1.0);
     let mut down = Vec::new();
@@ -197,5 +200,7 @@ async fn starts_without_redis_and_uses_it_once_it_appears() {
     println!("used Redis {back:?} after it appeared");
     assert!(back < Duration::from_secs(2), "took {back:?}");
     assert_eq!(server.get_text("/readyz").await.0, 200);
-    assert_eq!(redis.keys().len(), 1);
+    let (status, body) = server.check(check("frank")).await;
+    assert_eq!((status, &body["degraded"], &body["remaining"]), (200, &json!(false), &json!(2)), "{body}");
+    assert_eq!(redis.keys().len(), 1, "the count is in Redis now");
 }

@@ -37,7 +37,12 @@ impl Tollgate {
         Self::start_in(tempfile::tempdir().unwrap(), extra, false, &[]).await
     }
 
-    async fn start_in(dir: tempfile::TempDir, extra: &[&str], with_config: bool, env: &[(&str, &str)]) -> Tollgate {
+    async fn start_in(
+        dir: tempfile::TempDir,
+        extra: &[&str],
+        with_config: bool,
+        env: &[(&str, &str)],
+    ) -> Tollgate {
         let port = tollgate_testkit::free_port();
         let log = std::fs::File::create(dir.path().join("tollgate.log")).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
