@@ -22,6 +22,7 @@
 //! ```
 
 mod model;
+mod spec;
 mod watch;
 
 use std::collections::BTreeMap;
@@ -33,6 +34,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tollgate_limiter::{LimiterSettings, Policy};
 
+pub use spec::{MAX_WAIT_LIMIT, PolicySpec, SpecError, Strategy, rule_error_field, valid_policy_name};
 pub use watch::{Watcher, watch};
 
 /// The example configuration shipped at the repository's root, used when no file is given.

@@ -7,14 +7,12 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use tollgate_core::{Period, Rule, RuleSet};
-use tollgate_limiter::{FailurePolicy, LimiterSettings, Mode, OnLimit, Policy};
+use tollgate_core::{Period, Rule};
+use tollgate_limiter::{FailurePolicy, LimiterSettings, Mode, Policy};
 use toml::Spanned;
 
-use crate::{
-    BackendKind, BackendSettings, Config, ConfigError, MAX_POLICY_NAME_BYTES, Policies, ResetHeader,
-    ServerSettings,
-};
+use crate::spec::{PolicySpec, Strategy};
+use crate::{BackendKind, BackendSettings, Config, ConfigError, Policies, ResetHeader, ServerSettings};
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -76,14 +74,6 @@ impl Default for BackendSection {
     }
 }
 
-#[derive(Deserialize, Clone, Copy, Default, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-enum Strategy {
-    #[default]
-    Reject,
-    Delay,
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PolicySection {
@@ -97,9 +87,6 @@ struct PolicySection {
     #[serde(default)]
     max_wait: Option<Spanned<Period>>,
 }
-
-/// Longest `max_wait` of a delaying policy: holding requests longer ties up connections.
-const MAX_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub(crate) fn check_redis_url(url: &str) -> Result<(), String> {
     if url.starts_with("redis://") || url.starts_with("rediss://") {
@@ -174,67 +161,27 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
     })
 }
 
-/// Whether `name` can name a policy: 1 to 64 bytes of letters, digits, `_`, `-` and `.` (names
-/// appear in URLs, headers and metric labels).
-pub fn valid_policy_name(name: &str) -> bool {
-    (1..=MAX_POLICY_NAME_BYTES).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-}
-
 fn policy(name: &Spanned<String>, section: PolicySection) -> Result<Policy, (Range<usize>, String)> {
-    let at = |span: Range<usize>, message: String| (span, format!("policy {:?}: {message}", name.get_ref()));
-    if !valid_policy_name(name.get_ref()) {
-        return Err(at(
-            name.span(),
-            format!("a policy name is 1 to {MAX_POLICY_NAME_BYTES} letters, digits, '_', '-' or '.'"),
-        ));
-    }
-    let spans: Vec<Range<usize>> = section.rules.get_ref().iter().map(Spanned::span).collect();
+    let rule_spans: Vec<Range<usize>> = section.rules.get_ref().iter().map(Spanned::span).collect();
     let rules_span = section.rules.span();
-    let rules =
-        RuleSet::new(section.rules.into_inner().into_iter().map(Spanned::into_inner)).map_err(|e| {
-            let span = rule_index(&e).and_then(|i| spans.get(i).cloned()).unwrap_or(rules_span.clone());
-            at(span, e.to_string())
-        })?;
-    let on_limit = match (section.on_limit, section.max_wait) {
-        (Strategy::Reject, None) => OnLimit::Reject,
-        (Strategy::Reject, Some(wait)) => {
-            return Err(at(wait.span(), "max_wait only applies with on_limit = \"delay\"".into()));
-        }
-        (Strategy::Delay, None) => {
-            return Err(at(rules_span, "on_limit = \"delay\" needs a max_wait, such as \"500ms\"".into()));
-        }
-        (Strategy::Delay, Some(wait)) => {
-            let max_wait = wait.get_ref().as_duration();
-            if max_wait > MAX_WAIT_LIMIT {
-                return Err(at(
-                    wait.span(),
-                    format!("max_wait must be at most {}s", MAX_WAIT_LIMIT.as_secs()),
-                ));
-            }
-            OnLimit::Delay { max_wait }
-        }
-    };
-    Ok(Policy {
-        name: Arc::from(name.get_ref().as_str()),
+    let wait_span = section.max_wait.as_ref().map(Spanned::span);
+    let spec = PolicySpec {
         description: section.description,
-        rules,
+        rules: section.rules.into_inner().into_iter().map(Spanned::into_inner).collect(),
         mode: section.mode,
-        on_limit,
+        on_limit: section.on_limit,
+        max_wait: section.max_wait.map(Spanned::into_inner),
+    };
+    spec.build(name.get_ref()).map_err(|e| {
+        // The line of the field at fault: the name, one rule, max_wait, or the rule list.
+        let rule = e.field.strip_prefix("rules[").and_then(|r| r.split(']').next()?.parse::<usize>().ok());
+        let span = match e.field.as_str() {
+            "name" => name.span(),
+            "max_wait" => wait_span.clone().unwrap_or(rules_span.clone()),
+            _ => rule.and_then(|i| rule_spans.get(i).cloned()).unwrap_or(rules_span.clone()),
+        };
+        (span, format!("policy {:?}: {}", name.get_ref(), e.message))
     })
-}
-
-/// The position of the rule a rule-set error is about, when it is about one.
-fn rule_index(e: &tollgate_core::RuleError) -> Option<usize> {
-    use tollgate_core::RuleError as E;
-    match *e {
-        E::OutOfRange { index, .. }
-        | E::LogLimitTooLarge { index, .. }
-        | E::Inexact { index, .. }
-        | E::NameTooLong { index, .. }
-        | E::Duplicate { index, .. } => Some(index),
-        _ => None,
-    }
 }
 
 #[cfg(test)]
@@ -289,7 +236,10 @@ mod tests {
         let ok = parse(&format!("[policies.a]\n{rules}on_limit = \"delay\"\nmax_wait = \"250ms\"\n"), "t")
             .unwrap();
         let policy = ok.policies.get("a").unwrap();
-        assert_eq!(policy.on_limit, OnLimit::Delay { max_wait: std::time::Duration::from_millis(250) });
+        assert_eq!(
+            policy.on_limit,
+            tollgate_limiter::OnLimit::Delay { max_wait: std::time::Duration::from_millis(250) }
+        );
     }
 
     #[test]
@@ -298,8 +248,8 @@ mod tests {
             "[policies.\"a b\"]\nrules = [{ algorithm = \"fixed_window\", limit = 1, period = \"1s\" }]\n",
         );
         assert_eq!(e.line(), Some(1));
-        assert!(valid_policy_name("api.v1-read_x"));
-        assert!(!valid_policy_name(""));
+        assert!(crate::valid_policy_name("api.v1-read_x"));
+        assert!(!crate::valid_policy_name(""));
     }
 
     #[test]

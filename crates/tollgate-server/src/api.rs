@@ -7,8 +7,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
+use tollgate_config::rule_error_field;
 use tollgate_core::limits::MAX_CONCURRENCY_LIMIT;
-use tollgate_core::{Error as CoreError, Lease, LeaseId, Period, Rule, RuleError, RuleSet};
+use tollgate_core::{Error as CoreError, Lease, LeaseId, Period, Rule, RuleSet};
 use tollgate_limiter::{LimitError, Policy, Verdict};
 use utoipa::ToSchema;
 
@@ -202,17 +203,6 @@ fn decision_response(
     let reset = state.config.load().server.reset_header;
     rate_limit_headers(response.headers_mut(), &policy.rules, &verdict.decision, reset, !verdict.allowed());
     response
-}
-
-/// The field of an inline rule a rule-set error is about.
-fn rule_error_field(e: &RuleError, list: &str) -> String {
-    match *e {
-        RuleError::OutOfRange { index, field, .. } => format!("{list}[{index}].{field}"),
-        RuleError::LogLimitTooLarge { index, .. } => format!("{list}[{index}].limit"),
-        RuleError::NameTooLong { index, .. } => format!("{list}[{index}].name"),
-        RuleError::Inexact { index, .. } | RuleError::Duplicate { index, .. } => format!("{list}[{index}]"),
-        _ => list.to_owned(),
-    }
 }
 
 fn inline_policy(rules: Vec<Rule>) -> Result<Arc<Policy>, Problem> {

@@ -1,0 +1,117 @@
+//! [`PolicySpec`]: a policy as written (in the file, or sent to the management API), and its
+//! validation into a [`Policy`], with the field at fault named.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tollgate_core::{Period, Rule, RuleError, RuleSet};
+use tollgate_limiter::{Mode, OnLimit, Policy};
+
+use crate::MAX_POLICY_NAME_BYTES;
+
+/// Longest `max_wait` of a delaying policy: holding requests longer ties up connections.
+pub const MAX_WAIT_LIMIT: Duration = Duration::from_secs(60);
+
+/// What a request over the limit gets: `reject`, or `delay` (with `max_wait`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// Deny at once.
+    #[default]
+    Reject,
+    /// Hold until it fits, up to `max_wait`.
+    Delay,
+}
+
+/// A policy before validation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySpec {
+    /// What the policy is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The rules, checked together.
+    pub rules: Vec<Rule>,
+    /// `enforce` or `shadow`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// `reject` or `delay`.
+    #[serde(default)]
+    pub on_limit: Strategy,
+    /// With `delay`: the longest a request is held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait: Option<Period>,
+}
+
+/// Why a [`PolicySpec`] is not a valid policy.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct SpecError {
+    /// The field at fault: `name`, `rules`, `rules[2].burst`, `on_limit`, `max_wait`.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Whether `name` can name a policy: 1 to 64 bytes of letters, digits, `_`, `-` and `.` (names
+/// appear in URLs, headers and metric labels).
+pub fn valid_policy_name(name: &str) -> bool {
+    (1..=MAX_POLICY_NAME_BYTES).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// The field of a rule list (`list`, such as `rules` or `limits`) that a rule-set error is about.
+pub fn rule_error_field(e: &RuleError, list: &str) -> String {
+    match *e {
+        RuleError::OutOfRange { index, field, .. } => format!("{list}[{index}].{field}"),
+        RuleError::LogLimitTooLarge { index, .. } => format!("{list}[{index}].limit"),
+        RuleError::NameTooLong { index, .. } => format!("{list}[{index}].name"),
+        RuleError::Inexact { index, .. } | RuleError::Duplicate { index, .. } => format!("{list}[{index}]"),
+        _ => list.to_owned(),
+    }
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> SpecError {
+    SpecError { field: field.into(), message: message.into() }
+}
+
+impl PolicySpec {
+    /// Validates the spec into the policy called `name`.
+    pub fn build(&self, name: &str) -> Result<Policy, SpecError> {
+        if !valid_policy_name(name) {
+            return Err(err(
+                "name",
+                format!("a policy name is 1 to {MAX_POLICY_NAME_BYTES} letters, digits, '_', '-' or '.'"),
+            ));
+        }
+        let rules = RuleSet::new(self.rules.iter().cloned())
+            .map_err(|e| err(rule_error_field(&e, "rules"), e.to_string()))?;
+        let on_limit = match (self.on_limit, self.max_wait) {
+            (Strategy::Reject, None) => OnLimit::Reject,
+            (Strategy::Reject, Some(_)) => {
+                return Err(err("max_wait", "max_wait only applies with on_limit = \"delay\""));
+            }
+            (Strategy::Delay, None) => {
+                return Err(err("max_wait", "on_limit = \"delay\" needs a max_wait, such as \"500ms\""));
+            }
+            (Strategy::Delay, Some(wait)) => {
+                let max_wait = wait.as_duration();
+                if max_wait > MAX_WAIT_LIMIT {
+                    return Err(err(
+                        "max_wait",
+                        format!("max_wait must be at most {}s", MAX_WAIT_LIMIT.as_secs()),
+                    ));
+                }
+                OnLimit::Delay { max_wait }
+            }
+        };
+        Ok(Policy {
+            name: Arc::from(name),
+            description: self.description.clone(),
+            rules,
+            mode: self.mode,
+            on_limit,
+        })
+    }
+}

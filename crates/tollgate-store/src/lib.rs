@@ -1,0 +1,165 @@
+//! Tollgate's policy database: policies changed at run time, API tokens (stored hashed), and an
+//! audit log of every change, in SQLite (a file, the embedded default) or PostgreSQL (shared by
+//! several instances), through sqlx with migrations. Every change bumps one revision number in
+//! the same transaction, which instances poll to know when to reload.
+//!
+//! Knows nothing of HTTP: the server maps [`StoreError`]s to answers.
+
+mod audit;
+mod policies;
+mod tokens;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::any::{AnyPoolOptions, install_default_drivers};
+use sqlx::{Any, AnyPool, Transaction};
+
+pub use audit::AuditEntry;
+pub use policies::{PolicyInput, PolicyRecord};
+pub use tokens::{Role, TokenRecord};
+
+/// Most items one list call returns.
+pub const MAX_PAGE: u32 = 200;
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database URL is not `sqlite://...` or `postgres://...`.
+    #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://...")]
+    Url(String),
+    /// The database failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A migration failed.
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// No such item.
+    #[error("there is no {kind} named {name:?}")]
+    NotFound {
+        /// `policy`, `token`, ...
+        kind: &'static str,
+        /// Its name.
+        name: String,
+    },
+    /// An item of that name exists already.
+    #[error("a {kind} named {name:?} exists already")]
+    Exists {
+        /// `policy`, `token`, ...
+        kind: &'static str,
+        /// Its name.
+        name: String,
+    },
+    /// The item changed since the version the caller read (optimistic concurrency).
+    #[error("version {expected} is stale: the current version is {current}")]
+    Stale {
+        /// The version the caller gave.
+        expected: i64,
+        /// The version stored.
+        current: i64,
+    },
+    /// The input is not valid.
+    #[error("{message}")]
+    Invalid {
+        /// The field at fault.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Which database a [`Store`] uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Driver {
+    /// A SQLite file.
+    Sqlite,
+    /// A PostgreSQL server.
+    Postgres,
+}
+
+/// A connection pool to the policy database, migrated.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: AnyPool,
+    driver: Driver,
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A page of a list: at most `limit` items after the cursor `after`.
+#[derive(Clone, Debug, Default)]
+pub struct Page {
+    /// Items after this cursor (exclusive), in list order.
+    pub after: Option<String>,
+    /// At most this many (1 to [`MAX_PAGE`], default 50).
+    pub limit: Option<u32>,
+}
+
+impl Page {
+    pub(crate) fn limit(&self) -> i64 {
+        i64::from(self.limit.unwrap_or(50).clamp(1, MAX_PAGE))
+    }
+}
+
+impl Store {
+    /// Connects to `url` (`sqlite://PATH`, the file created if missing, or `postgres://...`)
+    /// and applies the migrations.
+    pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        install_default_drivers();
+        let (driver, url) = if let Some(path) =
+            url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))
+        {
+            // mode=rwc: create the file on first start.
+            let url = if path.contains('?') { url.to_owned() } else { format!("sqlite://{path}?mode=rwc") };
+            (Driver::Sqlite, url)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            (Driver::Postgres, url.to_owned())
+        } else {
+            return Err(StoreError::Url(url.to_owned()));
+        };
+        // SQLite allows one writer at a time: one connection avoids "database is locked".
+        let max = if driver == Driver::Sqlite { 1 } else { 8 };
+        let pool = AnyPoolOptions::new().max_connections(max).connect(&url).await?;
+        match driver {
+            Driver::Sqlite => sqlx::migrate!("./migrations/sqlite").run(&pool).await?,
+            Driver::Postgres => sqlx::migrate!("./migrations/postgres").run(&pool).await?,
+        }
+        Ok(Store { pool, driver })
+    }
+
+    /// The database in use.
+    pub fn driver(&self) -> Driver {
+        self.driver
+    }
+
+    /// The number bumped by every change; instances reload when it moves.
+    pub async fn revision(&self) -> Result<i64, StoreError> {
+        let revision: i64 =
+            sqlx::query_scalar("SELECT revision FROM revision WHERE id = 1").fetch_one(&self.pool).await?;
+        Ok(revision)
+    }
+
+    /// Checks the database answers.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub(crate) async fn begin(&self) -> Result<Transaction<'static, Any>, StoreError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    /// Bumps the revision and records the change, in the caller's transaction.
+    pub(crate) async fn changed(
+        tx: &mut Transaction<'static, Any>,
+        entry: audit::Change<'_>,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE revision SET revision = revision + 1 WHERE id = 1").execute(&mut **tx).await?;
+        audit::record(tx, entry).await
+    }
+}

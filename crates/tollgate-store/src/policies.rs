@@ -1,0 +1,311 @@
+//! Policies in the database: validated like the file's, versioned for optimistic concurrency,
+//! and scoped to the apps allowed to use them.
+
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use sqlx::any::AnyRow;
+use tollgate_config::{PolicySpec, Strategy};
+use tollgate_core::{Period, Rule};
+use tollgate_limiter::{Mode, Policy};
+
+use crate::audit::Change;
+use crate::{Page, Store, StoreError, now_ms};
+
+/// Most apps one policy or token names.
+pub const MAX_APPS: usize = 64;
+
+/// A policy as the management API writes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyInput {
+    /// What the policy is for.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// The rules, checked together.
+    pub rules: Vec<Rule>,
+    /// `enforce` or `shadow`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// `reject` or `delay`.
+    #[serde(default)]
+    pub on_limit: Strategy,
+    /// With `delay`: the longest a request is held.
+    #[serde(default)]
+    pub max_wait: Option<Period>,
+    /// The apps the policy belongs to; tokens limited to some apps see and change only those
+    /// policies. Empty: a global policy, changed only by unrestricted tokens.
+    #[serde(default)]
+    pub apps: Vec<String>,
+    /// A disabled policy is kept but not applied (checks naming it get 404).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A stored policy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PolicyRecord {
+    /// Its name.
+    pub name: String,
+    /// Rules, mode and strategy.
+    #[serde(flatten)]
+    pub spec: PolicySpec,
+    /// The apps it belongs to.
+    pub apps: Vec<String>,
+    /// Whether it is applied.
+    pub enabled: bool,
+    /// Bumped by every update; give it back in `If-Match`.
+    pub version: i64,
+    /// The token name that created it.
+    pub created_by: String,
+    /// The token name that last changed it.
+    pub updated_by: String,
+    /// Creation time, Unix epoch milliseconds.
+    pub created_at: i64,
+    /// Last change, Unix epoch milliseconds.
+    pub updated_at: i64,
+}
+
+impl PolicyInput {
+    fn spec(&self) -> PolicySpec {
+        PolicySpec {
+            description: self.description.clone(),
+            rules: self.rules.clone(),
+            mode: self.mode,
+            on_limit: self.on_limit,
+            max_wait: self.max_wait,
+        }
+    }
+
+    /// Validates the input as the policy `name`.
+    pub fn validate(&self, name: &str) -> Result<Policy, StoreError> {
+        if self.apps.len() > MAX_APPS || self.apps.iter().any(|a| !tollgate_config::valid_policy_name(a)) {
+            return Err(StoreError::Invalid {
+                field: "apps".into(),
+                message: format!("at most {MAX_APPS} apps, each 1 to 64 letters, digits, '_', '-' or '.'"),
+            });
+        }
+        self.spec().build(name).map_err(|e| StoreError::Invalid { field: e.field, message: e.message })
+    }
+}
+
+impl PolicyRecord {
+    /// The policy to enforce.
+    pub fn policy(&self) -> Result<Policy, StoreError> {
+        self.spec.build(&self.name).map_err(|e| StoreError::Invalid { field: e.field, message: e.message })
+    }
+
+    fn from_row(r: &AnyRow) -> Result<PolicyRecord, StoreError> {
+        let spec: String = r.try_get("spec")?;
+        let apps: String = r.try_get("apps")?;
+        let corrupt = |e: serde_json::Error| StoreError::Database(sqlx::Error::Decode(Box::new(e)));
+        Ok(PolicyRecord {
+            name: r.try_get("name")?,
+            spec: serde_json::from_str(&spec).map_err(corrupt)?,
+            apps: serde_json::from_str(&apps).map_err(corrupt)?,
+            enabled: r.try_get::<i64, _>("enabled")? != 0,
+            version: r.try_get("version")?,
+            created_by: r.try_get("created_by")?,
+            updated_by: r.try_get("updated_by")?,
+            created_at: r.try_get("created_at")?,
+            updated_at: r.try_get("updated_at")?,
+        })
+    }
+}
+
+const COLUMNS: &str = "name, spec, apps, enabled, version, created_by, updated_by, created_at, updated_at";
+
+fn json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+fn audit_value(record: &PolicyRecord) -> Option<serde_json::Value> {
+    serde_json::to_value(record).ok()
+}
+
+impl Store {
+    /// Every policy, by name.
+    pub async fn all_policies(&self) -> Result<Vec<PolicyRecord>, StoreError> {
+        let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM policies ORDER BY name"))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(PolicyRecord::from_row).collect()
+    }
+
+    /// One page of policies, by name.
+    pub async fn list_policies(&self, page: &Page) -> Result<Vec<PolicyRecord>, StoreError> {
+        let rows =
+            sqlx::query(&format!("SELECT {COLUMNS} FROM policies WHERE name > $1 ORDER BY name LIMIT $2"))
+                .bind(page.after.clone().unwrap_or_default())
+                .bind(page.limit())
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter().map(PolicyRecord::from_row).collect()
+    }
+
+    /// The policy called `name`.
+    pub async fn get_policy(&self, name: &str) -> Result<PolicyRecord, StoreError> {
+        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM policies WHERE name = $1"))
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            Some(row) => PolicyRecord::from_row(&row),
+            None => Err(StoreError::NotFound { kind: "policy", name: name.to_owned() }),
+        }
+    }
+
+    /// Creates the policy `name` (version 1).
+    pub async fn create_policy(
+        &self,
+        actor: &str,
+        name: &str,
+        input: &PolicyInput,
+    ) -> Result<PolicyRecord, StoreError> {
+        input.validate(name)?;
+        let now = now_ms();
+        let record = PolicyRecord {
+            name: name.to_owned(),
+            spec: input.spec(),
+            apps: input.apps.clone(),
+            enabled: input.enabled,
+            version: 1,
+            created_by: actor.to_owned(),
+            updated_by: actor.to_owned(),
+            created_at: now,
+            updated_at: now,
+        };
+        let mut tx = self.begin().await?;
+        let inserted = sqlx::query(&format!(
+            "INSERT INTO policies ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (name) DO NOTHING"
+        ))
+        .bind(&record.name)
+        .bind(json(&record.spec))
+        .bind(json(&record.apps))
+        .bind(i64::from(record.enabled))
+        .bind(record.version)
+        .bind(&record.created_by)
+        .bind(&record.updated_by)
+        .bind(record.created_at)
+        .bind(record.updated_at)
+        .execute(&mut *tx)
+        .await?;
+        if inserted.rows_affected() == 0 {
+            return Err(StoreError::Exists { kind: "policy", name: name.to_owned() });
+        }
+        let change = Change {
+            actor,
+            action: "create",
+            kind: "policy",
+            subject: name,
+            before: None,
+            after: audit_value(&record),
+        };
+        Store::changed(&mut tx, change).await?;
+        tx.commit().await?;
+        Ok(record)
+    }
+
+    /// Replaces the policy `name`; with `if_version`, only if that is still its version.
+    pub async fn update_policy(
+        &self,
+        actor: &str,
+        name: &str,
+        input: &PolicyInput,
+        if_version: Option<i64>,
+    ) -> Result<PolicyRecord, StoreError> {
+        input.validate(name)?;
+        let mut tx = self.begin().await?;
+        let before = self.locked_policy(&mut tx, name, if_version).await?;
+        let record = PolicyRecord {
+            spec: input.spec(),
+            apps: input.apps.clone(),
+            enabled: input.enabled,
+            version: before.version + 1,
+            updated_by: actor.to_owned(),
+            updated_at: now_ms(),
+            ..before.clone()
+        };
+        sqlx::query(
+            "UPDATE policies SET spec = $1, apps = $2, enabled = $3, version = $4, updated_by = $5, updated_at = $6 \
+             WHERE name = $7 AND version = $8",
+        )
+        .bind(json(&record.spec))
+        .bind(json(&record.apps))
+        .bind(i64::from(record.enabled))
+        .bind(record.version)
+        .bind(&record.updated_by)
+        .bind(record.updated_at)
+        .bind(name)
+        .bind(before.version)
+        .execute(&mut *tx)
+        .await?;
+        let change = Change {
+            actor,
+            action: "update",
+            kind: "policy",
+            subject: name,
+            before: audit_value(&before),
+            after: audit_value(&record),
+        };
+        Store::changed(&mut tx, change).await?;
+        tx.commit().await?;
+        Ok(record)
+    }
+
+    /// Deletes the policy `name`; with `if_version`, only if that is still its version.
+    pub async fn delete_policy(
+        &self,
+        actor: &str,
+        name: &str,
+        if_version: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin().await?;
+        let before = self.locked_policy(&mut tx, name, if_version).await?;
+        sqlx::query("DELETE FROM policies WHERE name = $1 AND version = $2")
+            .bind(name)
+            .bind(before.version)
+            .execute(&mut *tx)
+            .await?;
+        let change = Change {
+            actor,
+            action: "delete",
+            kind: "policy",
+            subject: name,
+            before: audit_value(&before),
+            after: None,
+        };
+        Store::changed(&mut tx, change).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The current row, inside the transaction, checked against the expected version. The
+    /// write that follows repeats the version in its WHERE, so a concurrent writer cannot slip
+    /// in between (PostgreSQL row lock by `FOR UPDATE`; SQLite has one writer at a time).
+    async fn locked_policy(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        name: &str,
+        if_version: Option<i64>,
+    ) -> Result<PolicyRecord, StoreError> {
+        let lock = if self.driver == crate::Driver::Postgres { " FOR UPDATE" } else { "" };
+        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM policies WHERE name = $1{lock}"))
+            .bind(name)
+            .fetch_optional(&mut **tx)
+            .await?;
+        let before = match row {
+            Some(row) => PolicyRecord::from_row(&row)?,
+            None => return Err(StoreError::NotFound { kind: "policy", name: name.to_owned() }),
+        };
+        if let Some(expected) = if_version
+            && expected != before.version
+        {
+            return Err(StoreError::Stale { expected, current: before.version });
+        }
+        Ok(before)
+    }
+}

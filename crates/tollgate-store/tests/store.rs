@@ -1,0 +1,189 @@
+//! The store's behaviour, the same on both drivers: every scenario runs on a SQLite file and on
+//! a fresh database of a private PostgreSQL cluster.
+
+use tollgate_store::{Page, PolicyInput, Role, Store, StoreError};
+use tollgate_testkit::PostgresServer;
+
+fn input(limit: u64, apps: &[&str]) -> PolicyInput {
+    serde_json::from_value(serde_json::json!({
+        "description": "test",
+        "rules": [{"algorithm": "fixed_window", "limit": limit, "period": "1m"}],
+        "apps": apps,
+    }))
+    .unwrap()
+}
+
+async fn crud_and_optimistic_versions(store: &Store) {
+    let created = store.create_policy("alice", "api", &input(10, &["shop"])).await.unwrap();
+    assert_eq!((created.version, created.created_by.as_str()), (1, "alice"));
+    assert!(matches!(
+        store.create_policy("bob", "api", &input(1, &[])).await,
+        Err(StoreError::Exists { .. })
+    ));
+
+    let got = store.get_policy("api").await.unwrap();
+    assert_eq!(got, created);
+    assert_eq!(got.policy().unwrap().rules.len(), 1);
+
+    let updated = store.update_policy("bob", "api", &input(20, &["shop"]), Some(1)).await.unwrap();
+    assert_eq!(
+        (updated.version, updated.updated_by.as_str(), updated.created_by.as_str()),
+        (2, "bob", "alice")
+    );
+    let stale = store.update_policy("carol", "api", &input(30, &["shop"]), Some(1)).await;
+    assert!(matches!(stale, Err(StoreError::Stale { expected: 1, current: 2 })), "{stale:?}");
+    assert!(matches!(store.delete_policy("carol", "api", Some(1)).await, Err(StoreError::Stale { .. })));
+    store.delete_policy("carol", "api", Some(2)).await.unwrap();
+    assert!(matches!(store.get_policy("api").await, Err(StoreError::NotFound { .. })));
+    assert!(matches!(
+        store.update_policy("x", "api", &input(1, &[]), None).await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+async fn invalid_input_names_the_field(store: &Store) {
+    let mut bad = input(0, &[]);
+    match store.create_policy("alice", "bad", &bad).await {
+        Err(StoreError::Invalid { field, .. }) => assert_eq!(field, "rules[0].limit"),
+        other => panic!("{other:?}"),
+    }
+    bad = input(1, &["no spaces"]);
+    assert!(
+        matches!(store.create_policy("alice", "bad", &bad).await, Err(StoreError::Invalid { field, .. }) if field == "apps")
+    );
+    assert!(
+        matches!(store.create_policy("alice", "a b", &input(1, &[])).await, Err(StoreError::Invalid { field, .. }) if field == "name")
+    );
+    assert!(store.all_policies().await.unwrap().is_empty(), "nothing written");
+}
+
+async fn pages_in_name_order(store: &Store) {
+    for i in 0..7 {
+        store.create_policy("alice", &format!("p{i}"), &input(1, &[])).await.unwrap();
+    }
+    let first = store.list_policies(&Page { after: None, limit: Some(3) }).await.unwrap();
+    let names: Vec<_> = first.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["p0", "p1", "p2"]);
+    let next = store.list_policies(&Page { after: Some("p2".into()), limit: Some(3) }).await.unwrap();
+    assert_eq!(next.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["p3", "p4", "p5"]);
+    assert_eq!(store.list_policies(&Page { after: Some("p5".into()), limit: None }).await.unwrap().len(), 1);
+}
+
+async fn tokens_are_stored_hashed(store: &Store) {
+    assert_eq!(store.count_tokens().await.unwrap(), 0);
+    let (token, secret) = store.create_token("bootstrap", "ops", Role::Admin, None).await.unwrap();
+    assert!(secret.starts_with("tg_") && secret.len() == 67, "{secret}");
+    assert_eq!(store.authenticate(&secret).await.unwrap(), Some(token.clone()));
+    assert_eq!(store.authenticate("tg_wrong").await.unwrap(), None);
+    let (viewer, viewer_secret) =
+        store.create_token("ops", "shop-viewer", Role::Viewer, Some(vec!["shop".into()])).await.unwrap();
+    assert_ne!(secret, viewer_secret);
+    assert_eq!(
+        store.authenticate(&viewer_secret).await.unwrap().unwrap().apps,
+        Some(vec!["shop".to_owned()])
+    );
+    assert!(viewer.may_see(&["shop".into(), "blog".into()]) && viewer.may_see(&[]));
+    assert!(!viewer.may_change(&[]) && !viewer.may_change(&["shop".into(), "blog".into()]));
+    assert!(viewer.may_change(&["shop".into()]));
+    assert!(matches!(
+        store.create_token("ops", "ops", Role::Viewer, None).await,
+        Err(StoreError::Exists { .. })
+    ));
+
+    // The secret is nowhere in the audit log.
+    let audit = store.audit(&Page::default()).await.unwrap();
+    let text = serde_json::to_string(&audit).unwrap();
+    assert!(!text.contains(&secret) && !text.contains(&viewer_secret));
+
+    store.delete_token("ops", "shop-viewer").await.unwrap();
+    assert_eq!(store.authenticate(&viewer_secret).await.unwrap(), None);
+    assert_eq!(store.list_tokens(&Page::default()).await.unwrap().len(), 1);
+}
+
+async fn audit_trail_and_revision(store: &Store) {
+    let start = store.revision().await.unwrap();
+    store.create_policy("alice", "a", &input(1, &[])).await.unwrap();
+    store.update_policy("bob", "a", &input(2, &[]), Some(1)).await.unwrap();
+    store.delete_policy("carol", "a", None).await.unwrap();
+    assert_eq!(store.revision().await.unwrap(), start + 3, "every change bumps the revision");
+    // A refused change leaves no trace.
+    let _ = store.update_policy("dave", "a", &input(3, &[]), None).await;
+    assert_eq!(store.revision().await.unwrap(), start + 3);
+
+    let audit = store.audit(&Page::default()).await.unwrap();
+    let last: Vec<_> = audit.iter().take(3).map(|e| (e.action.as_str(), e.actor.as_str())).collect();
+    assert_eq!(last, [("delete", "carol"), ("update", "bob"), ("create", "alice")]);
+    let update = &audit[1];
+    assert_eq!(update.before.as_ref().unwrap()["rules"][0]["limit"], 1);
+    assert_eq!(update.after.as_ref().unwrap()["rules"][0]["limit"], 2);
+    assert!(audit[0].after.is_none() && audit[2].before.is_none());
+    let older = store.audit(&Page { after: Some(audit[0].id.to_string()), limit: Some(1) }).await.unwrap();
+    assert_eq!(older[0].id, audit[1].id);
+}
+
+async fn concurrent_updates_of_one_version_let_one_win(store: &Store) {
+    store.create_policy("alice", "race", &input(1, &[])).await.unwrap();
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store.update_policy(&format!("w{i}"), "race", &input(i + 2, &[]), Some(1)).await
+            })
+        })
+        .collect();
+    let mut wins = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(record) => {
+                wins += 1;
+                assert_eq!(record.version, 2);
+            }
+            Err(StoreError::Stale { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(wins, 1);
+    assert_eq!(store.get_policy("race").await.unwrap().version, 2);
+}
+
+macro_rules! on_both_drivers {
+    ($($scenario:ident),* $(,)?) => {
+        #[tokio::test]
+        async fn sqlite() {
+            $(
+                let dir = tempfile::tempdir().unwrap();
+                let url = format!("sqlite://{}", dir.path().join("t.db").display());
+                $scenario(&Store::connect(&url).await.unwrap()).await;
+            )*
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn postgres() {
+            let server = PostgresServer::start();
+            $(
+                $scenario(&Store::connect(&server.fresh_database()).await.unwrap()).await;
+            )*
+        }
+    };
+}
+
+on_both_drivers!(
+    crud_and_optimistic_versions,
+    invalid_input_names_the_field,
+    pages_in_name_order,
+    tokens_are_stored_hashed,
+    audit_trail_and_revision,
+    concurrent_updates_of_one_version_let_one_win,
+);
+
+#[tokio::test]
+async fn sqlite_file_is_created_and_reopened() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("sub.db").display());
+    let store = Store::connect(&url).await.unwrap();
+    store.create_policy("alice", "kept", &input(1, &[])).await.unwrap();
+    drop(store);
+    let again = Store::connect(&url).await.unwrap();
+    assert_eq!(again.get_policy("kept").await.unwrap().version, 1);
+    assert!(matches!(Store::connect("mysql://x").await, Err(StoreError::Url(_))));
+}
