@@ -77,6 +77,24 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> SpecError {
 }
 
 impl PolicySpec {
+    /// The spec a valid policy came from (for listing file policies beside stored ones).
+    pub fn of(policy: &Policy) -> PolicySpec {
+        let (on_limit, max_wait) = match policy.on_limit {
+            OnLimit::Reject => (Strategy::Reject, None),
+            OnLimit::Delay { max_wait } => {
+                let millis = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
+                (Strategy::Delay, Period::from_millis(millis).ok())
+            }
+        };
+        PolicySpec {
+            description: policy.description.clone(),
+            rules: policy.rules.rules().cloned().collect(),
+            mode: policy.mode,
+            on_limit,
+            max_wait,
+        }
+    }
+
     /// Validates the spec into the policy called `name`.
     pub fn build(&self, name: &str) -> Result<Policy, SpecError> {
         if !valid_policy_name(name) {

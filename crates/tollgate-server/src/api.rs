@@ -228,9 +228,7 @@ fn resolve(
             Err(Problem::invalid("limits", "give either a policy or inline limits, not both"))
         }
         (None, None) => Err(Problem::invalid("policy", "give a policy name, or inline rules in limits")),
-        (Some(name), None) => {
-            state.config.load().policies.get(name).cloned().ok_or_else(|| Problem::unknown_policy(name))
-        }
+        (Some(name), None) => state.policy(name).ok_or_else(|| Problem::unknown_policy(name)),
         (None, Some(rules)) => inline_policy(rules),
     }
 }

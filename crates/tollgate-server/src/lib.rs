@@ -14,6 +14,7 @@
 //! let app: axum::Router = router(AppState::new(limiter, config));
 //! ```
 
+pub mod admin;
 pub mod api;
 pub mod headers;
 mod openapi;
@@ -58,6 +59,14 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(openapi))
+        .route("/v1/admin/policies", get(admin::list_policies).post(admin::create_policy))
+        .route(
+            "/v1/admin/policies/{name}",
+            get(admin::get_policy).put(admin::update_policy).delete(admin::delete_policy),
+        )
+        .route("/v1/admin/tokens", get(admin::list_tokens).post(admin::create_token))
+        .route("/v1/admin/tokens/{name}", axum::routing::delete(admin::delete_token))
+        .route("/v1/admin/audit", get(admin::audit))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -34,7 +34,10 @@ pub struct Info {
     pub on_failure: &'static str,
     /// The server's version.
     pub version: &'static str,
-    /// Names of the configured policies.
+    /// The policy database: `sqlite`, `postgres`, or absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database: Option<&'static str>,
+    /// Names of the policies in force: the configuration file's, then the database's.
     pub policies: Vec<String>,
 }
 
@@ -69,7 +72,16 @@ pub async fn info(State(state): State<AppState>) -> Json<Info> {
         },
         on_failure: limiter.failure_policy().as_str(),
         version: env!("CARGO_PKG_VERSION"),
-        policies: config.policies.iter().map(|(name, _)| name.to_owned()).collect(),
+        database: state.store.as_ref().map(|s| match s.driver() {
+            tollgate_store::Driver::Sqlite => "sqlite",
+            tollgate_store::Driver::Postgres => "postgres",
+        }),
+        policies: config
+            .policies
+            .iter()
+            .map(|(name, _)| name.to_owned())
+            .chain(state.stored.load().keys().filter(|n| config.policies.get(n).is_none()).cloned())
+            .collect(),
     })
 }
 

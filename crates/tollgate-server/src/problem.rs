@@ -115,6 +115,43 @@ impl Problem {
         p
     }
 
+    /// 401: no token, or an unknown one.
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized", detail)
+    }
+
+    /// 403: the token's role or apps do not allow this.
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", "Forbidden", detail)
+    }
+
+    /// 404: not found in the management API (a policy, a token).
+    pub fn no_such(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
+    }
+
+    /// 409: the name is taken, or the item is read-only.
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict", "Conflict", detail)
+    }
+
+    /// 412: `If-Match` names a version that is no longer current.
+    pub fn stale(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::PRECONDITION_FAILED, "stale-version", "Stale version", detail)
+    }
+
+    /// 503: the policy database failed.
+    pub fn database_unavailable(detail: impl Into<String>) -> Self {
+        let mut p = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database-unavailable",
+            "Policy database unavailable",
+            detail,
+        );
+        p.retry_after = Some(1);
+        p
+    }
+
     /// 500: a bug. Answered rather than dropping the connection.
     pub fn internal() -> Self {
         Self::new(

@@ -1,11 +1,17 @@
 //! What the handlers share: the limiter, and the configuration that reloads swap in.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tollgate_config::Config;
-use tollgate_limiter::Limiter;
+use tollgate_limiter::{Limiter, Policy};
+use tollgate_store::Store;
+
+/// The enabled policies of the database, by name, as last loaded.
+pub(crate) type StoredPolicies = BTreeMap<String, Arc<Policy>>;
 
 /// Shared state of the HTTP API. Cheap to clone.
 #[derive(Clone)]
@@ -13,6 +19,8 @@ pub struct AppState {
     pub(crate) limiter: Limiter,
     pub(crate) config: Arc<ArcSwap<Config>>,
     pub(crate) metrics: Option<PrometheusHandle>,
+    pub(crate) store: Option<Store>,
+    pub(crate) stored: Arc<ArcSwap<StoredPolicies>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -46,7 +54,78 @@ impl AppState {
     /// State over `limiter` with the configuration `config` (whose policies and header settings
     /// [`replace_config`](Self::replace_config) can later swap).
     pub fn new(limiter: Limiter, config: Config) -> Self {
-        AppState { limiter, config: Arc::new(ArcSwap::from_pointee(config)), metrics: prometheus() }
+        AppState {
+            limiter,
+            config: Arc::new(ArcSwap::from_pointee(config)),
+            metrics: prometheus(),
+            store: None,
+            stored: Arc::default(),
+        }
+    }
+
+    /// This state with a policy database: its enabled policies are served beside the file's,
+    /// and the management API (`/v1/admin/...`) works on it. Loads the policies now.
+    pub async fn with_store(mut self, store: Store) -> Result<Self, tollgate_store::StoreError> {
+        self.store = Some(store);
+        self.reload_stored().await?;
+        Ok(self)
+    }
+
+    /// The policy database, if any.
+    pub fn store(&self) -> Option<&Store> {
+        self.store.as_ref()
+    }
+
+    /// The policy called `name`: from the configuration file first, else from the database.
+    pub(crate) fn policy(&self, name: &str) -> Option<Arc<Policy>> {
+        self.config.load().policies.get(name).cloned().or_else(|| self.stored.load().get(name).cloned())
+    }
+
+    /// Reloads the database's enabled policies. A stored policy that no longer validates (say,
+    /// after a downgrade) is skipped and logged rather than failing the others.
+    pub async fn reload_stored(&self) -> Result<(), tollgate_store::StoreError> {
+        let Some(store) = &self.store else { return Ok(()) };
+        let mut policies = StoredPolicies::new();
+        for record in store.all_policies().await?.into_iter().filter(|r| r.enabled) {
+            match record.policy() {
+                Ok(policy) => {
+                    policies.insert(record.name.clone(), Arc::new(policy));
+                }
+                Err(e) => {
+                    tracing::error!(policy = %record.name, error = %e, "stored policy is invalid; skipped")
+                }
+            }
+        }
+        self.stored.store(Arc::new(policies));
+        Ok(())
+    }
+
+    /// Polls the database's revision every `interval` and reloads its policies when it moved:
+    /// how every instance sees a change made through any other.
+    pub fn spawn_policy_sync(&self, interval: Duration) -> Option<tokio::task::JoinHandle<()>> {
+        let store = self.store.clone()?;
+        let state = self.clone();
+        Some(tokio::spawn(async move {
+            let mut seen = store.revision().await.ok();
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                match store.revision().await {
+                    Ok(revision) if Some(revision) != seen => match state.reload_stored().await {
+                        Ok(()) => {
+                            tracing::info!(revision, "stored policies reloaded");
+                            seen = Some(revision);
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cannot reload stored policies; will retry"),
+                    },
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the policy database's revision; will retry")
+                    }
+                }
+            }
+        }))
     }
 
     /// The configuration in force.

@@ -111,9 +111,9 @@ impl Store {
     /// and applies the migrations.
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
         install_default_drivers();
-        let (driver, url) = if let Some(path) =
-            url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))
-        {
+        let (driver, url) = if url == "sqlite::memory:" {
+            (Driver::Sqlite, url.to_owned())
+        } else if let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
             // mode=rwc: create the file on first start.
             let url = if path.contains('?') { url.to_owned() } else { format!("sqlite://{path}?mode=rwc") };
             (Driver::Sqlite, url)

@@ -34,6 +34,40 @@ enum Command {
         /// The TOML file to check.
         file: PathBuf,
     },
+    /// Manage API tokens directly in the policy database (to bootstrap the first admin).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Create a token and print its secret, once (it is stored only as a hash).
+    Create {
+        /// The token's name: what the audit log records as the author of its changes.
+        #[arg(long)]
+        name: String,
+        /// viewer (read), editor (also change policies and limits) or admin (also tokens).
+        #[arg(long)]
+        role: tollgate_store::Role,
+        /// Restrict the token to these apps (comma-separated); default: all.
+        #[arg(long, value_delimiter = ',')]
+        apps: Option<Vec<String>>,
+        #[command(flatten)]
+        database: DatabaseArg,
+    },
+}
+
+/// The policy database.
+#[derive(Debug, clap::Args)]
+struct DatabaseArg {
+    /// Policy database: sqlite://PATH (created if missing) or postgres://USER@HOST/DB.
+    #[arg(
+        long = "database",
+        env = "TOLLGATE_DATABASE_URL",
+        value_name = "URL",
+        default_value = "sqlite://tollgate.db"
+    )]
+    url: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -51,6 +85,8 @@ struct ServeArgs {
     /// Log JSON lines instead of text (the log level comes from RUST_LOG; default info).
     #[arg(long, env = "TOLLGATE_JSON_LOGS")]
     json_logs: bool,
+    #[command(flatten)]
+    database: DatabaseArg,
 }
 
 fn main() -> ExitCode {
@@ -67,15 +103,24 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Serve(args) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
-            match runtime.map_err(anyhow::Error::from).and_then(|rt| rt.block_on(serve::run(args))) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+        Command::Serve(args) => run(serve::run(args)),
+        Command::Token(TokenCommand::Create { name, role, apps, database }) => run(async move {
+            let store = tollgate_store::Store::connect(&database.url).await?;
+            let (token, secret) = store.create_token("cli", &name, role, apps).await?;
+            eprintln!("created {} token {:?}; its secret is shown once:", token.role.as_str(), token.name);
+            println!("{secret}");
+            Ok(())
+        }),
+    }
+}
+
+fn run(job: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
+    match runtime.map_err(anyhow::Error::from).and_then(|rt| rt.block_on(job)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

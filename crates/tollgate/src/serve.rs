@@ -14,6 +14,24 @@ use tracing_subscriber::EnvFilter;
 
 use crate::ServeArgs;
 
+/// How often the policy database's revision is polled: a change made through any instance is
+/// applied by every other within this (plus one reload).
+const POLICY_POLL: Duration = Duration::from_millis(250);
+
+/// A URL with its password hidden, for logs and errors.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
 /// How long in-flight requests (delayed ones included) may take to finish after a signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -88,7 +106,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let listen = config.server.listen;
     let startup = config.clone();
-    let state = AppState::new(limiter, config);
+    let store = tollgate_store::Store::connect(&args.database.url)
+        .await
+        .with_context(|| format!("cannot open the policy database {}", redact(&args.database.url)))?;
+    let state =
+        AppState::new(limiter, config).with_store(store).await.context("cannot load stored policies")?;
+    let _sync = state.spawn_policy_sync(POLICY_POLL);
 
     let _watcher = match &args.config {
         Some(path) => {
@@ -120,6 +143,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(
         address = %listener.local_addr()?, backend = backend_name,
         config = %args.config.as_ref().map_or("builtin".into(), |p| p.display().to_string()),
+        database = %redact(&args.database.url),
         policies = ?policies, "tollgate is listening"
     );
 

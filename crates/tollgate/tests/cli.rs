@@ -124,6 +124,7 @@ async fn environment_variables_configure_serve_and_sigterm_stops_it() {
         .env("TOLLGATE_CONFIG", &config)
         .env("TOLLGATE_LISTEN", format!("127.0.0.1:{port}"))
         .env("TOLLGATE_JSON_LOGS", "true")
+        .env("TOLLGATE_DATABASE_URL", format!("sqlite://{}", dir.path().join("env.db").display()))
         .env_remove("TOLLGATE_REDIS_URL")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -160,7 +161,15 @@ async fn environment_variables_configure_serve_and_sigterm_stops_it() {
 #[tokio::test]
 async fn a_bad_redis_url_is_refused_at_start() {
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--redis", "http://example.com"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--redis",
+            "http://example.com",
+            "--database",
+            "sqlite::memory:",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());

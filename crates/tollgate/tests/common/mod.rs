@@ -50,6 +50,9 @@ impl Tollgate {
         if with_config {
             cmd.arg("--config").arg(dir.path().join("tollgate.toml"));
         }
+        if !extra.contains(&"--database") {
+            cmd.arg("--database").arg(format!("sqlite://{}", dir.path().join("tollgate.db").display()));
+        }
         let child = cmd
             .args(extra)
             .envs(env.iter().copied())
@@ -57,6 +60,7 @@ impl Tollgate {
             .env_remove("TOLLGATE_CONFIG")
             .env_remove("TOLLGATE_REDIS_URL")
             .env_remove("TOLLGATE_LISTEN")
+            .env_remove("TOLLGATE_DATABASE_URL")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

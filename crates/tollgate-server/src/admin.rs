@@ -1,0 +1,398 @@
+//! The management API, `/v1/admin/...`: policies, tokens and the audit log over the policy
+//! database, behind bearer tokens with a role (viewer < editor < admin) and optional apps.
+
+use axum::Json;
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tollgate_config::PolicySpec;
+use tollgate_store::{Page, PolicyInput, PolicyRecord, Role, Store, StoreError, TokenRecord};
+
+use crate::problem::{ApiJson, Problem};
+use crate::state::AppState;
+
+/// The caller of a management route: the token its bearer secret names.
+pub struct Caller {
+    token: TokenRecord,
+    store: Store,
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+        let Some(store) = state.store.clone() else {
+            return Err(
+                Problem::no_such("the management API needs a policy database (--database)").into_response()
+            );
+        };
+        let secret = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        let unauthorized = |detail: &str| {
+            let mut r = Problem::unauthorized(detail).into_response();
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"tollgate\""));
+            r
+        };
+        let Some(secret) = secret.filter(|s| !s.is_empty()) else {
+            return Err(unauthorized("send a token: Authorization: Bearer <token>"));
+        };
+        match store.authenticate(secret).await {
+            Ok(Some(token)) => Ok(Caller { token, store }),
+            Ok(None) => Err(unauthorized("unknown token")),
+            Err(e) => Err(store_problem(e).into_response()),
+        }
+    }
+}
+
+impl Caller {
+    fn require(&self, role: Role) -> Result<(), Problem> {
+        if self.token.role >= role {
+            Ok(())
+        } else {
+            Err(Problem::forbidden(format!(
+                "token {:?} is a {}; this needs {}",
+                self.token.name,
+                self.token.role.as_str(),
+                role.as_str()
+            )))
+        }
+    }
+
+    fn may_change(&self, what: &str, apps: &[String]) -> Result<(), Problem> {
+        if self.token.may_change(apps) {
+            Ok(())
+        } else {
+            Err(Problem::forbidden(format!(
+                "token {:?} may not change {what}: it belongs to apps {apps:?} beyond the token's {:?}",
+                self.token.name,
+                self.token.apps.as_deref().unwrap_or_default()
+            )))
+        }
+    }
+}
+
+/// A store failure as an answer.
+fn store_problem(e: StoreError) -> Problem {
+    match e {
+        StoreError::NotFound { .. } => Problem::no_such(e.to_string()),
+        StoreError::Exists { .. } => Problem::conflict(e.to_string()),
+        StoreError::Stale { .. } => Problem::stale(e.to_string()),
+        StoreError::Invalid { field, message } => Problem::invalid(field, message),
+        StoreError::Database(_) => {
+            tracing::error!(error = %e, "policy database failed");
+            Problem::database_unavailable("the policy database did not answer; try again")
+        }
+        _ => Problem::internal(),
+    }
+}
+
+/// `?after=<cursor>&limit=<n>`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    after: Option<String>,
+    limit: Option<u32>,
+}
+
+impl From<PageQuery> for Page {
+    fn from(q: PageQuery) -> Page {
+        Page { after: q.after, limit: q.limit }
+    }
+}
+
+/// A page of items, and the cursor of the next page (absent on the last).
+#[derive(Debug, Serialize)]
+pub struct List<T> {
+    items: Vec<T>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<String>,
+}
+
+/// A policy in a management answer: stored (versioned, editable) or from the file (read-only).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+#[allow(missing_docs)] // fields are documented where they are defined (PolicyRecord, PolicySpec)
+pub enum PolicyView {
+    Stored {
+        #[serde(flatten)]
+        record: PolicyRecord,
+        source: &'static str,
+    },
+    File {
+        name: String,
+        #[serde(flatten)]
+        spec: PolicySpec,
+        source: &'static str,
+        read_only: bool,
+    },
+}
+
+impl PolicyView {
+    fn name(&self) -> &str {
+        match self {
+            PolicyView::Stored { record, .. } => &record.name,
+            PolicyView::File { name, .. } => name,
+        }
+    }
+}
+
+fn etag(version: i64) -> HeaderValue {
+    HeaderValue::from_str(&format!("\"{version}\"")).unwrap_or_else(|_| HeaderValue::from_static("\"0\""))
+}
+
+/// The version `If-Match` asks for: `"3"`, `3` or `W/"3"`; `*` or absent: any.
+fn if_match(headers: &HeaderMap) -> Result<Option<i64>, Problem> {
+    let Some(value) = headers.get(header::IF_MATCH) else { return Ok(None) };
+    let text = value.to_str().unwrap_or("").trim();
+    if text == "*" {
+        return Ok(None);
+    }
+    let bare = text.trim_start_matches("W/").trim_matches('"');
+    bare.parse::<i64>()
+        .map(Some)
+        .map_err(|_| Problem::invalid("If-Match", "If-Match is the version from the ETag, like \"3\""))
+}
+
+fn file_policy(state: &AppState, name: &str) -> Option<PolicyView> {
+    let config = state.config();
+    let policy = config.policies.get(name)?;
+    Some(PolicyView::File {
+        name: name.to_owned(),
+        spec: PolicySpec::of(policy),
+        source: "file",
+        read_only: true,
+    })
+}
+
+fn stored_response(status: StatusCode, record: PolicyRecord) -> Response {
+    let tag = etag(record.version);
+    let mut response = (status, Json(PolicyView::Stored { record, source: "database" })).into_response();
+    response.headers_mut().insert(header::ETAG, tag);
+    response
+}
+
+/// After a change through this instance, its own view is updated at once (the others within
+/// their poll interval).
+async fn refresh(state: &AppState) {
+    if let Err(e) = state.reload_stored().await {
+        tracing::warn!(error = %e, "cannot reload stored policies after a change");
+    }
+}
+
+/// `GET /v1/admin/policies`: file and stored policies the token may see, by name.
+pub async fn list_policies(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(query): Query<PageQuery>,
+) -> Result<Json<List<PolicyView>>, Problem> {
+    caller.require(Role::Viewer)?;
+    let page = Page::from(query);
+    let mut views: Vec<PolicyView> = caller
+        .store
+        .all_policies()
+        .await
+        .map_err(store_problem)?
+        .into_iter()
+        .filter(|r| caller.token.may_see(&r.apps))
+        .map(|record| PolicyView::Stored { record, source: "database" })
+        .collect();
+    let config = state.config();
+    views.extend(config.policies.iter().filter_map(|(name, _)| file_policy(&state, name)));
+    views.sort_by(|a, b| a.name().cmp(b.name()));
+    let after = page.after.clone().unwrap_or_default();
+    let limit = usize::try_from(page.limit.unwrap_or(50).clamp(1, tollgate_store::MAX_PAGE)).unwrap_or(50);
+    let mut items: Vec<PolicyView> =
+        views.into_iter().filter(|v| v.name() > after.as_str()).take(limit + 1).collect();
+    let next = (items.len() > limit).then(|| {
+        items.truncate(limit);
+        items.last().map(|v| v.name().to_owned()).unwrap_or_default()
+    });
+    Ok(Json(List { items, next }))
+}
+
+/// `GET /v1/admin/policies/{name}`.
+pub async fn get_policy(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Response, Problem> {
+    caller.require(Role::Viewer)?;
+    if let Some(view) = file_policy(&state, &name) {
+        return Ok(Json(view).into_response());
+    }
+    let record = caller.store.get_policy(&name).await.map_err(store_problem)?;
+    if !caller.token.may_see(&record.apps) {
+        return Err(store_problem(StoreError::NotFound { kind: "policy", name }));
+    }
+    Ok(stored_response(StatusCode::OK, record))
+}
+
+/// `POST /v1/admin/policies` with `{"name": ..., rules, ...}`.
+pub async fn create_policy(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(mut body): ApiJson<serde_json::Map<String, Value>>,
+) -> Result<Response, Problem> {
+    caller.require(Role::Editor)?;
+    let name = match body.remove("name") {
+        Some(Value::String(name)) => name,
+        _ => return Err(Problem::invalid("name", "a policy needs a name (a string)")),
+    };
+    let input: PolicyInput = crate::problem::parse(&serde_json::to_vec(&body).unwrap_or_default())?;
+    caller.may_change(&format!("policy {name:?}"), &input.apps)?;
+    if state.config().policies.get(&name).is_some() {
+        return Err(Problem::conflict(format!("policy {name:?} is defined in the configuration file")));
+    }
+    let record =
+        caller.store.create_policy(&caller.token.name, &name, &input).await.map_err(store_problem)?;
+    refresh(&state).await;
+    let mut response = stored_response(StatusCode::CREATED, record);
+    if let Ok(location) = HeaderValue::from_str(&format!("/v1/admin/policies/{name}")) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+/// `PUT /v1/admin/policies/{name}`, with `If-Match: "<version>"` for optimistic concurrency.
+pub async fn update_policy(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    ApiJson(input): ApiJson<PolicyInput>,
+) -> Result<Response, Problem> {
+    caller.require(Role::Editor)?;
+    let version = if_match(&headers)?;
+    if state.config().policies.get(&name).is_some() {
+        return Err(Problem::conflict(format!(
+            "policy {name:?} is defined in the configuration file: read-only"
+        )));
+    }
+    let current = caller.store.get_policy(&name).await.map_err(store_problem)?;
+    caller.may_change(&format!("policy {name:?}"), &current.apps)?;
+    caller.may_change(&format!("policy {name:?}"), &input.apps)?;
+    let record = caller
+        .store
+        .update_policy(&caller.token.name, &name, &input, version)
+        .await
+        .map_err(store_problem)?;
+    refresh(&state).await;
+    Ok(stored_response(StatusCode::OK, record))
+}
+
+/// `DELETE /v1/admin/policies/{name}`, with an optional `If-Match`.
+pub async fn delete_policy(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, Problem> {
+    caller.require(Role::Editor)?;
+    let version = if_match(&headers)?;
+    if state.config().policies.get(&name).is_some() {
+        return Err(Problem::conflict(format!(
+            "policy {name:?} is defined in the configuration file: read-only"
+        )));
+    }
+    let current = caller.store.get_policy(&name).await.map_err(store_problem)?;
+    caller.may_change(&format!("policy {name:?}"), &current.apps)?;
+    caller.store.delete_policy(&caller.token.name, &name, version).await.map_err(store_problem)?;
+    refresh(&state).await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/admin/tokens` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewToken {
+    name: String,
+    role: Role,
+    #[serde(default)]
+    apps: Option<Vec<String>>,
+}
+
+/// A token as created: the only time its secret is shown.
+#[derive(Debug, Serialize)]
+pub struct CreatedToken {
+    #[serde(flatten)]
+    token: TokenRecord,
+    secret: String,
+}
+
+/// `GET /v1/admin/tokens` (admin): the tokens within the caller's apps.
+pub async fn list_tokens(
+    caller: Caller,
+    Query(query): Query<PageQuery>,
+) -> Result<Json<List<TokenRecord>>, Problem> {
+    caller.require(Role::Admin)?;
+    let page = Page::from(query);
+    let limit = usize::try_from(page.limit.unwrap_or(50).clamp(1, tollgate_store::MAX_PAGE)).unwrap_or(50);
+    let tokens = caller
+        .store
+        .list_tokens(&Page { after: page.after, limit: page.limit })
+        .await
+        .map_err(store_problem)?;
+    let next = (tokens.len() == limit).then(|| tokens.last().map(|t| t.name.clone()).unwrap_or_default());
+    let items = tokens
+        .into_iter()
+        .filter(|t| caller.token.may_change(t.apps.as_deref().unwrap_or_default()))
+        .collect();
+    Ok(Json(List { items, next }))
+}
+
+/// `POST /v1/admin/tokens` (admin): answers the secret once.
+pub async fn create_token(caller: Caller, ApiJson(new): ApiJson<NewToken>) -> Result<Response, Problem> {
+    caller.require(Role::Admin)?;
+    caller.may_change(&format!("token {:?}", new.name), new.apps.as_deref().unwrap_or_default())?;
+    let (token, secret) = caller
+        .store
+        .create_token(&caller.token.name, &new.name, new.role, new.apps)
+        .await
+        .map_err(store_problem)?;
+    Ok((StatusCode::CREATED, Json(CreatedToken { token, secret })).into_response())
+}
+
+/// `DELETE /v1/admin/tokens/{name}` (admin).
+pub async fn delete_token(caller: Caller, Path(name): Path<String>) -> Result<StatusCode, Problem> {
+    caller.require(Role::Admin)?;
+    let all = caller.store.list_tokens(&Page { after: None, limit: Some(tollgate_store::MAX_PAGE) });
+    let target = all.await.map_err(store_problem)?.into_iter().find(|t| t.name == name);
+    if let Some(target) = &target {
+        caller.may_change(&format!("token {name:?}"), target.apps.as_deref().unwrap_or_default())?;
+    }
+    caller.store.delete_token(&caller.token.name, &name).await.map_err(store_problem)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/admin/audit`: changes, newest first; policy changes the token may see, and token
+/// changes for admins.
+pub async fn audit(caller: Caller, Query(query): Query<PageQuery>) -> Result<Json<List<Value>>, Problem> {
+    caller.require(Role::Viewer)?;
+    let page = Page::from(query);
+    let entries = caller.store.audit(&page).await.map_err(store_problem)?;
+    let next = (entries.len() as u32 == page.limit.unwrap_or(50).clamp(1, tollgate_store::MAX_PAGE))
+        .then(|| entries.last().map(|e| e.id.to_string()).unwrap_or_default());
+    let apps_of = |v: &Option<Value>| -> Vec<String> {
+        v.as_ref()
+            .and_then(|v| v.get("apps"))
+            .and_then(|a| serde_json::from_value(a.clone()).ok())
+            .unwrap_or_default()
+    };
+    let items = entries
+        .into_iter()
+        .filter(|e| match e.kind.as_str() {
+            "token" => caller.token.role == Role::Admin,
+            _ => caller.token.may_see(&apps_of(&e.before)) || caller.token.may_see(&apps_of(&e.after)),
+        })
+        .filter_map(|e| serde_json::to_value(e).ok())
+        .collect();
+    Ok(Json(List { items, next }))
+}
