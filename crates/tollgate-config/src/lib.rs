@@ -34,7 +34,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tollgate_limiter::{LimiterSettings, Policy};
 
-pub use spec::{MAX_WAIT_LIMIT, PolicySpec, SpecError, Strategy, rule_error_field, valid_policy_name};
+pub use spec::{
+    MAX_WAIT_LIMIT, PERIODS, PolicySpec, SixPeriods, SpecError, Strategy, rule_error_field, valid_policy_name,
+};
 pub use watch::{Watcher, watch};
 
 /// The example configuration shipped at the repository's root, used when no file is given.
@@ -52,6 +54,23 @@ pub struct Config {
     pub backend: BackendSettings,
     /// The named policies.
     pub policies: Policies,
+    /// The `[consumers]` section.
+    pub consumers: ConsumerSettings,
+}
+
+/// The `[consumers]` section: limits for `{"consumer": ...}` and `{"anonymous_ip": ...}` checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConsumerSettings {
+    /// Limits of consumers that have no active limit record.
+    pub defaults: SixPeriods,
+    /// Requests per hour from one anonymous IP address.
+    pub anonymous_per_hour: u64,
+}
+
+impl Default for ConsumerSettings {
+    fn default() -> Self {
+        ConsumerSettings { defaults: SixPeriods::UNLIMITED, anonymous_per_hour: 1000 }
+    }
 }
 
 /// How `X-RateLimit-Reset` is written.

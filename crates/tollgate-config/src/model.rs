@@ -11,8 +11,11 @@ use tollgate_core::{Period, Rule};
 use tollgate_limiter::{FailurePolicy, LimiterSettings, Mode, Policy};
 use toml::Spanned;
 
-use crate::spec::{PolicySpec, Strategy};
-use crate::{BackendKind, BackendSettings, Config, ConfigError, Policies, ResetHeader, ServerSettings};
+use crate::spec::{PolicySpec, SixPeriods, Strategy};
+use crate::{
+    BackendKind, BackendSettings, Config, ConfigError, ConsumerSettings, Policies, ResetHeader,
+    ServerSettings,
+};
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -23,6 +26,17 @@ struct File {
     backend: BackendSection,
     #[serde(default)]
     policies: BTreeMap<Spanned<String>, PolicySection>,
+    #[serde(default)]
+    consumers: Option<Spanned<ConsumersSection>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConsumersSection {
+    #[serde(default)]
+    defaults: Option<SixPeriods>,
+    #[serde(default)]
+    anonymous_per_hour: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -137,7 +151,26 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         policies.insert(name.into_inner(), Arc::new(policy));
     }
 
+    let mut consumers = ConsumerSettings::default();
+    if let Some(section) = file.consumers {
+        let span = section.span();
+        let section = section.into_inner();
+        if let Some(defaults) = section.defaults {
+            defaults
+                .validate()
+                .map_err(|e| err(span.clone(), format!("consumers.defaults.{}", e.message)))?;
+            consumers.defaults = defaults;
+        }
+        if let Some(per_hour) = section.anonymous_per_hour {
+            if !(1..=tollgate_core::limits::MAX_COUNT).contains(&per_hour) {
+                return Err(err(span, "consumers.anonymous_per_hour must be 1 to 10^12".into()));
+            }
+            consumers.anonymous_per_hour = per_hour;
+        }
+    }
+
     Ok(Config {
+        consumers,
         server: ServerSettings {
             listen,
             reset_header: server.reset_header,
@@ -250,6 +283,16 @@ mod tests {
         assert_eq!(e.line(), Some(1));
         assert!(crate::valid_policy_name("api.v1-read_x"));
         assert!(!crate::valid_policy_name(""));
+    }
+
+    #[test]
+    fn consumer_defaults_and_the_anonymous_limit() {
+        let c = parse("[consumers]\nanonymous_per_hour = 50\n", "t").unwrap();
+        assert_eq!((c.consumers.anonymous_per_hour, c.consumers.defaults), (50, SixPeriods::UNLIMITED));
+        let text = "[consumers]\ndefaults = { per_second = 5, per_minute = -1, per_hour = -1, per_day = -1, per_week = -1, per_month = 0 }\n";
+        let e = error(text);
+        assert!(e.to_string().contains("per_month is 0"), "{e}");
+        assert_eq!(e.line(), Some(1));
     }
 
     #[test]

@@ -133,3 +133,69 @@ impl PolicySpec {
         })
     }
 }
+
+/// The six periods of a consumer limit, from shortest, with their field names.
+pub const PERIODS: [(&str, Period); 6] = [
+    ("per_second", Period::SECOND),
+    ("per_minute", Period::MINUTE),
+    ("per_hour", Period::HOUR),
+    ("per_day", Period::DAY),
+    ("per_week", Period::WEEK),
+    ("per_month", Period::MONTH_30_DAYS),
+];
+
+/// Six limits: requests per second, minute, hour, day, week and 30-day month; -1 is unlimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SixPeriods {
+    /// Per second.
+    pub per_second: i64,
+    /// Per minute.
+    pub per_minute: i64,
+    /// Per hour.
+    pub per_hour: i64,
+    /// Per day.
+    pub per_day: i64,
+    /// Per week.
+    pub per_week: i64,
+    /// Per 30-day month.
+    pub per_month: i64,
+}
+
+impl SixPeriods {
+    /// Everything unlimited.
+    pub const UNLIMITED: SixPeriods =
+        SixPeriods { per_second: -1, per_minute: -1, per_hour: -1, per_day: -1, per_week: -1, per_month: -1 };
+
+    /// The values in [`PERIODS`] order.
+    pub fn values(&self) -> [i64; 6] {
+        [self.per_second, self.per_minute, self.per_hour, self.per_day, self.per_week, self.per_month]
+    }
+
+    /// From values in [`PERIODS`] order.
+    pub fn from_values(v: [i64; 6]) -> Self {
+        SixPeriods {
+            per_second: v[0],
+            per_minute: v[1],
+            per_hour: v[2],
+            per_day: v[3],
+            per_week: v[4],
+            per_month: v[5],
+        }
+    }
+
+    /// Checks every value is -1 (unlimited) or 1 to 10^12.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let max = tollgate_core::limits::MAX_COUNT;
+        for ((name, _), value) in PERIODS.iter().zip(self.values()) {
+            let in_range = u64::try_from(value).is_ok_and(|v| (1..=max).contains(&v));
+            if value != -1 && !in_range {
+                return Err(err(
+                    *name,
+                    format!("{name} is {value}: a limit is -1 (unlimited) or 1 to {max}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

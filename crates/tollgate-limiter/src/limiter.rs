@@ -199,6 +199,13 @@ impl Limiter {
         Ok((verdict, taken.then_some(Lease { id, units: cost })))
     }
 
+    /// What a check of one unit would answer now, consuming nothing and recording no metrics
+    /// (for reports such as a consumer's current usage).
+    pub async fn peek(&self, key: &str, rules: &RuleSet) -> Result<Verdict, LimitError> {
+        let (decision, degraded) = self.decide(key, rules, Operation::Check { cost: 0 }).await?;
+        Ok(Verdict { decision, degraded, shadow_denied: false, waited: Duration::ZERO })
+    }
+
     /// Gives back a lease's units (or some of them); reports the state after, as a peek.
     pub async fn release(&self, key: &str, rules: &RuleSet, lease: &Lease) -> Result<Verdict, LimitError> {
         let (decision, degraded) = self.decide(key, rules, Operation::Release { lease }).await?;

@@ -9,7 +9,9 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tollgate_config::PolicySpec;
-use tollgate_store::{Page, PolicyInput, PolicyRecord, Role, Store, StoreError, TokenRecord};
+use tollgate_store::{
+    ConsumerLimit, ConsumerLimitInput, Page, PolicyInput, PolicyRecord, Role, Store, StoreError, TokenRecord,
+};
 
 use crate::problem::{ApiJson, Problem};
 use crate::state::AppState;
@@ -53,7 +55,7 @@ impl FromRequestParts<AppState> for Caller {
 }
 
 impl Caller {
-    fn require(&self, role: Role) -> Result<(), Problem> {
+    pub(crate) fn require(&self, role: Role) -> Result<(), Problem> {
         if self.token.role >= role {
             Ok(())
         } else {
@@ -395,4 +397,88 @@ pub async fn audit(caller: Caller, Query(query): Query<PageQuery>) -> Result<Jso
         .filter_map(|e| serde_json::to_value(e).ok())
         .collect();
     Ok(Json(List { items, next }))
+}
+
+/// Consumer limits belong to no app: like global policies, only unrestricted editors change
+/// them, and every token may read them.
+const CONSUMER_APPS: &[String] = &[];
+
+fn limit_response(status: StatusCode, record: ConsumerLimit) -> Response {
+    let tag = etag(record.version);
+    let mut response = (status, Json(record)).into_response();
+    response.headers_mut().insert(header::ETAG, tag);
+    response
+}
+
+/// `GET /v1/admin/consumers/{consumer}/limits`.
+pub async fn list_consumer_limits(
+    caller: Caller,
+    Path(consumer): Path<String>,
+) -> Result<Json<List<ConsumerLimit>>, Problem> {
+    caller.require(Role::Viewer)?;
+    let items = caller.store.consumer_limits(&consumer).await.map_err(store_problem)?;
+    Ok(Json(List { items, next: None }))
+}
+
+/// `POST /v1/admin/consumers/{consumer}/limits`: a new limit record.
+pub async fn create_consumer_limit(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(consumer): Path<String>,
+    ApiJson(input): ApiJson<ConsumerLimitInput>,
+) -> Result<Response, Problem> {
+    caller.require(Role::Editor)?;
+    caller.may_change(&format!("consumer {consumer:?}"), CONSUMER_APPS)?;
+    let record = caller
+        .store
+        .create_consumer_limit(&caller.token.name, &consumer, &input)
+        .await
+        .map_err(store_problem)?;
+    refresh(&state).await;
+    let mut response = limit_response(StatusCode::CREATED, record.clone());
+    if let Ok(location) =
+        HeaderValue::from_str(&format!("/v1/admin/consumers/{consumer}/limits/{}", record.id))
+    {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+/// `PUT /v1/admin/consumers/{consumer}/limits/{id}`, with an optional `If-Match`.
+pub async fn update_consumer_limit(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((consumer, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    ApiJson(input): ApiJson<ConsumerLimitInput>,
+) -> Result<Response, Problem> {
+    caller.require(Role::Editor)?;
+    caller.may_change(&format!("consumer {consumer:?}"), CONSUMER_APPS)?;
+    let version = if_match(&headers)?;
+    let record = caller
+        .store
+        .update_consumer_limit(&caller.token.name, &consumer, &id, &input, version)
+        .await
+        .map_err(store_problem)?;
+    refresh(&state).await;
+    Ok(limit_response(StatusCode::OK, record))
+}
+
+/// `DELETE /v1/admin/consumers/{consumer}/limits/{id}`, with an optional `If-Match`.
+pub async fn delete_consumer_limit(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((consumer, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<StatusCode, Problem> {
+    caller.require(Role::Editor)?;
+    caller.may_change(&format!("consumer {consumer:?}"), CONSUMER_APPS)?;
+    let version = if_match(&headers)?;
+    caller
+        .store
+        .delete_consumer_limit(&caller.token.name, &consumer, &id, version)
+        .await
+        .map_err(store_problem)?;
+    refresh(&state).await;
+    Ok(StatusCode::NO_CONTENT)
 }

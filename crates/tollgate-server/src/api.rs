@@ -31,8 +31,20 @@ fn one() -> u64 {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckRequest {
-    /// Whose requests are counted: 1 to 512 bytes (an API key, a user id, an IP, ...).
-    pub key: String,
+    /// Whose requests are counted: 1 to 512 bytes (an API key, a user id, an IP, ...). Not
+    /// with `consumer` or `anonymous_ip`, which name their own key.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Check a consumer's six-period limits (from the policy database) instead of a policy.
+    #[serde(default)]
+    pub consumer: Option<String>,
+    /// Check the anonymous per-hour limit of this IP address instead of a policy.
+    #[serde(default)]
+    pub anonymous_ip: Option<String>,
+    /// With `consumer`: the API or path of the request, selecting the scoped limit records
+    /// that apply (those whose scope is a prefix of it).
+    #[serde(default)]
+    pub scope: Option<String>,
     /// A policy from the configuration. Give this or `limits`.
     #[serde(default)]
     pub policy: Option<String>,
@@ -153,12 +165,15 @@ pub struct DecisionBody {
     /// Acquire only: the lease to hand back to `/v1/release`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_id: Option<String>,
+    /// Consumer and anonymous checks, when denied: which period refused, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
     /// Every rule's outcome, in the policy's order.
     pub rules: Vec<RuleBody>,
 }
 
 impl DecisionBody {
-    fn new(policy: &Policy, verdict: &Verdict, lease_id: Option<String>) -> Self {
+    pub(crate) fn new(policy: &Policy, verdict: &Verdict, lease_id: Option<String>) -> Self {
         let d = &verdict.decision;
         let rules = policy
             .rules
@@ -186,6 +201,7 @@ impl DecisionBody {
             shadow_denied: verdict.shadow_denied,
             delayed_ms: (!verdict.waited.is_zero()).then(|| ceil_millis(verdict.waited)),
             lease_id,
+            message: None,
             rules,
         }
     }
@@ -198,8 +214,13 @@ fn decision_response(
     verdict: &Verdict,
     lease_id: Option<String>,
 ) -> Response {
+    respond(state, policy, verdict, DecisionBody::new(policy, verdict, lease_id))
+}
+
+/// 200 or 429 with `body` and the rate-limit headers of `verdict`.
+pub(crate) fn respond(state: &AppState, policy: &Policy, verdict: &Verdict, body: DecisionBody) -> Response {
     let status = if verdict.allowed() { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
-    let mut response = (status, Json(DecisionBody::new(policy, verdict, lease_id))).into_response();
+    let mut response = (status, Json(body)).into_response();
     let reset = state.config.load().server.reset_header;
     rate_limit_headers(response.headers_mut(), &policy.rules, &verdict.decision, reset, !verdict.allowed());
     response
@@ -270,7 +291,7 @@ fn resolve_lease(
 
 /// A limiter error as an answer. `rules_field` is where the rules came from (`policy` or
 /// `limits`).
-fn limit_problem(e: LimitError, rules_field: &str) -> Problem {
+pub(crate) fn limit_problem(e: LimitError, rules_field: &str) -> Problem {
     match e {
         LimitError::Unavailable(e) => {
             Problem::unavailable(format!("{e}; the failure policy is closed, so no decision was made"))
@@ -308,10 +329,39 @@ pub async fn check(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<CheckRequest>,
 ) -> Result<Response, Problem> {
+    let subject = match (&req.consumer, &req.anonymous_ip) {
+        (Some(_), Some(_)) => {
+            return Err(Problem::invalid("anonymous_ip", "give consumer or anonymous_ip, not both"));
+        }
+        (Some(consumer), None) => Some(("consumer", consumer)),
+        (None, Some(ip)) => Some(("anonymous_ip", ip)),
+        (None, None) => None,
+    };
+    if let Some((field, value)) = subject {
+        let others =
+            [(req.key.is_some(), "key"), (req.policy.is_some(), "policy"), (req.limits.is_some(), "limits")];
+        if let Some((_, other)) = others.iter().find(|(given, _)| *given) {
+            return Err(Problem::invalid(
+                *other,
+                format!("{field} checks name their own key and limits: drop {other}"),
+            ));
+        }
+        if field == "consumer" {
+            return crate::consumers::check_consumer(&state, value, req.scope.as_deref(), req.cost).await;
+        }
+        if req.scope.is_none() {
+            return crate::consumers::check_anonymous(&state, value, req.cost).await;
+        }
+    }
+    if req.scope.is_some() {
+        return Err(Problem::invalid("scope", "scope applies to consumer checks only"));
+    }
+    let Some(key) = req.key else {
+        return Err(Problem::invalid("key", "give a key (or a consumer, or an anonymous_ip)"));
+    };
     let field = rules_field(&req.policy);
     let policy = resolve(&state, req.policy.as_deref(), req.limits)?;
-    let verdict =
-        state.limiter.check(&req.key, &policy, req.cost).await.map_err(|e| limit_problem(e, field))?;
+    let verdict = state.limiter.check(&key, &policy, req.cost).await.map_err(|e| limit_problem(e, field))?;
     Ok(decision_response(&state, &policy, &verdict, None))
 }
 

@@ -16,6 +16,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod consumers;
 pub mod headers;
 mod openapi;
 pub mod ops;
@@ -67,6 +68,15 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/tokens", get(admin::list_tokens).post(admin::create_token))
         .route("/v1/admin/tokens/{name}", axum::routing::delete(admin::delete_token))
         .route("/v1/admin/audit", get(admin::audit))
+        .route(
+            "/v1/admin/consumers/{consumer}/limits",
+            get(admin::list_consumer_limits).post(admin::create_consumer_limit),
+        )
+        .route(
+            "/v1/admin/consumers/{consumer}/limits/{id}",
+            axum::routing::put(admin::update_consumer_limit).delete(admin::delete_consumer_limit),
+        )
+        .route("/v1/consumers/{consumer}/call-limits", get(consumers::call_limits))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

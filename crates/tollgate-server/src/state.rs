@@ -1,6 +1,6 @@
 //! What the handlers share: the limiter, and the configuration that reloads swap in.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -8,10 +8,13 @@ use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tollgate_config::Config;
 use tollgate_limiter::{Limiter, Policy};
-use tollgate_store::Store;
+use tollgate_store::{ConsumerLimit, Store};
 
 /// The enabled policies of the database, by name, as last loaded.
 pub(crate) type StoredPolicies = BTreeMap<String, Arc<Policy>>;
+
+/// The consumer limit records of the database, by consumer, as last loaded.
+pub(crate) type StoredConsumers = HashMap<String, Vec<ConsumerLimit>>;
 
 /// Shared state of the HTTP API. Cheap to clone.
 #[derive(Clone)]
@@ -21,6 +24,7 @@ pub struct AppState {
     pub(crate) metrics: Option<PrometheusHandle>,
     pub(crate) store: Option<Store>,
     pub(crate) stored: Arc<ArcSwap<StoredPolicies>>,
+    pub(crate) consumers: Arc<ArcSwap<StoredConsumers>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -60,6 +64,7 @@ impl AppState {
             metrics: prometheus(),
             store: None,
             stored: Arc::default(),
+            consumers: Arc::default(),
         }
     }
 
@@ -81,7 +86,7 @@ impl AppState {
         self.config.load().policies.get(name).cloned().or_else(|| self.stored.load().get(name).cloned())
     }
 
-    /// Reloads the database's enabled policies. A stored policy that no longer validates (say,
+    /// Reloads the database's enabled policies and consumer limits. A stored policy that no longer validates (say,
     /// after a downgrade) is skipped and logged rather than failing the others.
     pub async fn reload_stored(&self) -> Result<(), tollgate_store::StoreError> {
         let Some(store) = &self.store else { return Ok(()) };
@@ -96,7 +101,12 @@ impl AppState {
                 }
             }
         }
+        let mut consumers = StoredConsumers::new();
+        for record in store.all_consumer_limits().await? {
+            consumers.entry(record.consumer_id.clone()).or_default().push(record);
+        }
         self.stored.store(Arc::new(policies));
+        self.consumers.store(Arc::new(consumers));
         Ok(())
     }
 

@@ -1,11 +1,12 @@
-//! Tollgate's policy database: policies changed at run time, API tokens (stored hashed), and an
-//! audit log of every change, in SQLite (a file, the embedded default) or PostgreSQL (shared by
-//! several instances), through sqlx with migrations. Every change bumps one revision number in
+//! Tollgate's policy database: policies and per-consumer limits changed at run time, API tokens
+//! (stored hashed), and an audit log of every change, in SQLite (a file, the embedded default)
+//! or PostgreSQL (shared by several instances), through sqlx with migrations. Every change bumps one revision number in
 //! the same transaction, which instances poll to know when to reload.
 //!
 //! Knows nothing of HTTP: the server maps [`StoreError`]s to answers.
 
 mod audit;
+mod consumers;
 mod policies;
 mod tokens;
 
@@ -15,8 +16,10 @@ use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{Any, AnyPool, Transaction};
 
 pub use audit::AuditEntry;
+pub use consumers::{ConsumerLimit, ConsumerLimitInput, MAX_CONSUMER_BYTES, aggregate, validate_consumer_id};
 pub use policies::{PolicyInput, PolicyRecord};
 pub use tokens::{Role, TokenRecord};
+pub use tollgate_config::{PERIODS, SixPeriods};
 
 /// Most items one list call returns.
 pub const MAX_PAGE: u32 = 200;

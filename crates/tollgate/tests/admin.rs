@@ -4,10 +4,9 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::Tollgate;
+use common::{Tollgate, bootstrap_token};
 use reqwest::Method;
 use serde_json::{Value, json};
 use tollgate_testkit::PostgresServer;
@@ -16,20 +15,6 @@ const FILE_CONFIG: &str = r#"
 [policies.from_file]
 rules = [{ algorithm = "fixed_window", limit = 5, period = "1h" }]
 "#;
-
-/// `tollgate token create` against `database`: the printed secret.
-fn bootstrap_token(database: &str, name: &str, role: &str, apps: Option<&str>) -> String {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    cmd.args(["token", "create", "--name", name, "--role", role, "--database", database]);
-    if let Some(apps) = apps {
-        cmd.args(["--apps", apps]);
-    }
-    let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let secret = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-    assert!(secret.starts_with("tg_"), "{secret}");
-    secret
-}
 
 struct Admin<'a> {
     server: &'a Tollgate,

@@ -162,3 +162,28 @@ impl Drop for Tollgate {
         let _ = self.child.wait();
     }
 }
+
+/// `tollgate token create` against `database`: the printed secret.
+pub fn bootstrap_token(database: &str, name: &str, role: &str, apps: Option<&str>) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    cmd.args(["token", "create", "--name", name, "--role", role, "--database", database]);
+    if let Some(apps) = apps {
+        cmd.args(["--apps", apps]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let secret = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert!(secret.starts_with("tg_"), "{secret}");
+    secret
+}
+
+/// Sleeps past the end of the current clock-aligned window of `period_secs` if fewer than
+/// `margin_secs` of it remain, so a test's requests all fall in one window.
+pub async fn inside_window(period_secs: u64, margin_secs: u64) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let into = now.as_millis() % (u128::from(period_secs) * 1000);
+    let left = u128::from(period_secs) * 1000 - into;
+    if left < u128::from(margin_secs) * 1000 {
+        tokio::time::sleep(Duration::from_millis(u64::try_from(left).unwrap() + 50)).await;
+    }
+}

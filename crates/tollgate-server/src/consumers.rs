@@ -1,0 +1,206 @@
+//! Per-consumer checks (`{"consumer": ...}`: six clock-aligned windows, second to month, in one
+//! atomic backend call), anonymous checks (`{"anonymous_ip": ...}`: one hourly window per
+//! address), and a consumer's live usage (`GET /v1/consumers/{id}/call-limits`).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tollgate_core::{Period, Rule, RuleSet};
+use tollgate_limiter::{Policy, Verdict};
+use tollgate_store::{PERIODS, Role, aggregate, validate_consumer_id};
+
+use crate::admin::Caller;
+use crate::api::{DecisionBody, limit_problem, respond};
+use crate::headers::ceil_secs;
+use crate::problem::Problem;
+use crate::state::AppState;
+
+/// The policy name consumer checks are reported (and labelled in metrics) under.
+pub const CONSUMER_POLICY: &str = "consumer";
+/// The policy name anonymous checks are reported under.
+pub const ANONYMOUS_POLICY: &str = "anonymous";
+
+fn now_ms() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The limits in force for a consumer: per period, a count or `None` (unlimited).
+fn limits_of(state: &AppState, consumer: &str, scope: Option<&str>) -> [Option<u64>; 6] {
+    let consumers = state.consumers.load();
+    let records = consumers.get(consumer).map_or(&[][..], Vec::as_slice);
+    aggregate(records, now_ms(), scope, state.config().consumers.defaults)
+}
+
+/// The consumer's rules: one clock-aligned fixed window per limited period, named after it.
+/// `None` when every period is unlimited.
+fn consumer_policy(limits: [Option<u64>; 6]) -> Option<Policy> {
+    let rules: Vec<Rule> = PERIODS
+        .iter()
+        .zip(limits)
+        .filter_map(|((name, period), limit)| Some(Rule::fixed_window(limit?, *period).named(*name)))
+        .collect();
+    // Counts are capped at MAX_COUNT by the aggregation and periods are fixed: always valid.
+    let rules = RuleSet::new(rules).ok()?;
+    Some(Policy::enforce(CONSUMER_POLICY, rules))
+}
+
+/// "second", "minute", ... for a period of [`PERIODS`].
+fn unit(period: Period) -> &'static str {
+    match PERIODS.iter().position(|(_, p)| *p == period) {
+        Some(0) => "second",
+        Some(1) => "minute",
+        Some(2) => "hour",
+        Some(3) => "day",
+        Some(4) => "week",
+        _ => "month",
+    }
+}
+
+/// The message of a denial: the shortest period that refused (rules are in period order).
+fn denial_message(policy: &Policy, verdict: &Verdict, whom: &str) -> Option<String> {
+    if verdict.allowed() {
+        return None;
+    }
+    policy.rules.rules().zip(verdict.decision.rules()).find(|(_, o)| !o.allowed).map(|(rule, o)| {
+        let period = match rule.kind {
+            tollgate_core::RuleKind::FixedWindow { period, .. } => period,
+            _ => Period::HOUR,
+        };
+        format!("Too Many Requests. We only allow {} requests per {} {whom}.", o.limit, unit(period))
+    })
+}
+
+/// Every period unlimited: admitted without a backend call, with no limits to report.
+#[derive(Serialize)]
+struct Unlimited {
+    allowed: bool,
+    limit: Option<u64>,
+    remaining: Option<u64>,
+    reset_after_ms: u64,
+    retry_after_ms: u64,
+    degraded: bool,
+    policy: &'static str,
+    rules: [(); 0],
+}
+
+async fn decide(
+    state: &AppState,
+    key: &str,
+    policy: &Policy,
+    cost: u64,
+    whom: &str,
+) -> Result<Response, Problem> {
+    let verdict = state.limiter.check(key, policy, cost).await.map_err(|e| limit_problem(e, "consumer"))?;
+    let mut body = DecisionBody::new(policy, &verdict, None);
+    body.message = denial_message(policy, &verdict, whom);
+    Ok(respond(state, policy, &verdict, body))
+}
+
+/// `POST /v1/check {"consumer": ...}`.
+pub(crate) async fn check_consumer(
+    state: &AppState,
+    consumer: &str,
+    scope: Option<&str>,
+    cost: u64,
+) -> Result<Response, Problem> {
+    validate_consumer_id("consumer", consumer).map_err(|e| Problem::invalid("consumer", e.to_string()))?;
+    if let Some(scope) = scope {
+        validate_consumer_id("scope", scope).map_err(|e| Problem::invalid("scope", e.to_string()))?;
+    }
+    let Some(policy) = consumer_policy(limits_of(state, consumer, scope)) else {
+        let body = Unlimited {
+            allowed: true,
+            limit: None,
+            remaining: None,
+            reset_after_ms: 0,
+            retry_after_ms: 0,
+            degraded: false,
+            policy: CONSUMER_POLICY,
+            rules: [],
+        };
+        return Ok(Json(body).into_response());
+    };
+    decide(state, &format!("consumer:{consumer}"), &policy, cost, "for this consumer").await
+}
+
+/// `POST /v1/check {"anonymous_ip": ...}`.
+pub(crate) async fn check_anonymous(state: &AppState, ip: &str, cost: u64) -> Result<Response, Problem> {
+    let ip: IpAddr = ip
+        .parse()
+        .map_err(|_| Problem::invalid("anonymous_ip", format!("{ip:?} is not an IPv4 or IPv6 address")))?;
+    let per_hour = state.config().consumers.anonymous_per_hour;
+    let rules = RuleSet::new([Rule::fixed_window(per_hour, Period::HOUR).named("per_hour")])
+        .map_err(|e| Problem::invalid("anonymous_ip", e.to_string()))?;
+    let policy = Policy::enforce(ANONYMOUS_POLICY, rules);
+    decide(state, &format!("anonymous:{ip}"), &policy, cost, "from an anonymous caller").await
+}
+
+/// One period's live state.
+#[derive(Debug, Serialize)]
+pub struct PeriodState {
+    /// Calls counted in the current window (-1 when the period is unlimited).
+    pub calls_made: i64,
+    /// Seconds until the window resets (-1 when unlimited; 0 when nothing is counted).
+    pub reset_in_seconds: i64,
+}
+
+/// `GET /v1/consumers/{id}/call-limits` body.
+#[derive(Debug, Serialize)]
+pub struct CallLimits {
+    /// The consumer.
+    pub consumer_id: String,
+    /// The limits in force now (unscoped), per period; -1 is unlimited.
+    pub limits: BTreeMap<&'static str, i64>,
+    /// Per period: calls made and time to reset, read from the backend now.
+    pub current_state: BTreeMap<&'static str, PeriodState>,
+    /// Whether the counts came from the failure policy's local limiter, not the backend.
+    pub degraded: bool,
+}
+
+/// A consumer's configured limits and live usage (any token role).
+pub async fn call_limits(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(consumer): Path<String>,
+) -> Result<Json<CallLimits>, Problem> {
+    caller.require(Role::Viewer)?;
+    validate_consumer_id("consumer", &consumer).map_err(|e| Problem::invalid("consumer", e.to_string()))?;
+    let limits = limits_of(&state, &consumer, None);
+    let mut body = CallLimits {
+        consumer_id: consumer.clone(),
+        limits: BTreeMap::new(),
+        current_state: BTreeMap::new(),
+        degraded: false,
+    };
+    let unlimited = || PeriodState { calls_made: -1, reset_in_seconds: -1 };
+    for ((name, _), limit) in PERIODS.iter().zip(limits) {
+        body.limits.insert(*name, limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX)));
+        body.current_state.insert(*name, unlimited());
+    }
+    if let Some(policy) = consumer_policy(limits) {
+        let verdict = state
+            .limiter
+            .peek(&format!("consumer:{consumer}"), &policy.rules)
+            .await
+            .map_err(|e| limit_problem(e, "consumer"))?;
+        body.degraded = verdict.degraded;
+        for (rule, outcome) in policy.rules.rules().zip(verdict.decision.rules()) {
+            if let Some(name) = rule.name.as_deref().and_then(|n| PERIODS.iter().find(|(p, _)| *p == n)) {
+                let made = outcome.limit.saturating_sub(outcome.remaining);
+                body.current_state.insert(
+                    name.0,
+                    PeriodState {
+                        calls_made: i64::try_from(made).unwrap_or(i64::MAX),
+                        reset_in_seconds: i64::try_from(ceil_secs(outcome.reset_after)).unwrap_or(i64::MAX),
+                    },
+                );
+            }
+        }
+    }
+    Ok(Json(body))
+}
