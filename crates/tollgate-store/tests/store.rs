@@ -146,6 +146,52 @@ async fn concurrent_updates_of_one_version_let_one_win(store: &Store) {
     assert_eq!(store.get_policy("race").await.unwrap().version, 2);
 }
 
+async fn consumer_limits_round_trip(store: &Store) {
+    let input: tollgate_store::ConsumerLimitInput = serde_json::from_value(serde_json::json!({
+        "per_second": 5, "per_minute": -1, "per_hour": 100, "per_day": -1, "per_week": -1, "per_month": 1000,
+        "scope": "/orders", "from": "2026-01-01T00:00:00Z", "to": "2027-01-01T00:00:00Z",
+    }))
+    .unwrap();
+    let created = store.create_consumer_limit("alice", "acme", &input).await.unwrap();
+    assert_eq!(created.from.as_deref(), Some("2026-01-01T00:00:00.000Z"));
+    let listed = store.consumer_limits("acme").await.unwrap();
+    assert_eq!(listed, [created.clone()]);
+    assert_eq!(store.all_consumer_limits().await.unwrap().len(), 1);
+
+    let mut changed = input.clone();
+    changed.per_second = 7;
+    let stale = store.update_consumer_limit("bob", "acme", &created.id, &changed, Some(9)).await;
+    assert!(matches!(stale, Err(StoreError::Stale { .. })));
+    let updated = store.update_consumer_limit("bob", "acme", &created.id, &changed, Some(1)).await.unwrap();
+    assert_eq!((updated.version, updated.limits.per_second), (2, 7));
+    assert!(matches!(
+        store.update_consumer_limit("bob", "other", &created.id, &changed, None).await,
+        Err(StoreError::NotFound { .. })
+    ));
+
+    let mut bad = input.clone();
+    bad.per_minute = 0;
+    assert!(
+        matches!(store.create_consumer_limit("a", "acme", &bad).await, Err(StoreError::Invalid { field, .. }) if field == "per_minute")
+    );
+    bad = input.clone();
+    bad.to = Some("2025-01-01T00:00:00Z".into());
+    assert!(
+        matches!(store.create_consumer_limit("a", "acme", &bad).await, Err(StoreError::Invalid { field, .. }) if field == "to")
+    );
+    bad = input.clone();
+    bad.from = Some("yesterday".into());
+    assert!(
+        matches!(store.create_consumer_limit("a", "acme", &bad).await, Err(StoreError::Invalid { field, .. }) if field == "from")
+    );
+
+    store.delete_consumer_limit("carol", "acme", &created.id, None).await.unwrap();
+    assert!(store.consumer_limits("acme").await.unwrap().is_empty());
+    let audit = store.audit(&Page::default()).await.unwrap();
+    assert_eq!(audit[0].kind, "consumer_limit");
+    assert_eq!(audit[0].action, "delete");
+}
+
 macro_rules! on_both_drivers {
     ($($scenario:ident),* $(,)?) => {
         #[tokio::test]
@@ -174,6 +220,7 @@ on_both_drivers!(
     tokens_are_stored_hashed,
     audit_trail_and_revision,
     concurrent_updates_of_one_version_let_one_win,
+    consumer_limits_round_trip,
 );
 
 #[tokio::test]

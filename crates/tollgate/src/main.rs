@@ -2,6 +2,7 @@
 //! configuration file. Wires the crates together (config, backend, limiter, server) and owns
 //! the process: logging, signals, reloading.
 
+mod client;
 mod serve;
 
 use std::net::SocketAddr;
@@ -37,6 +38,20 @@ enum Command {
     /// Manage API tokens directly in the policy database (to bootstrap the first admin).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Manage policies through a running server's management API.
+    Policy {
+        #[command(flatten)]
+        remote: client::Remote,
+        #[command(subcommand)]
+        command: client::PolicyCommand,
+    },
+    /// Manage per-consumer limits through a running server's management API.
+    Consumer {
+        #[command(flatten)]
+        remote: client::Remote,
+        #[command(subcommand)]
+        command: client::ConsumerCommand,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -104,6 +119,8 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve(args) => run(serve::run(args)),
+        Command::Policy { remote, command } => run(client::policy(remote, command)),
+        Command::Consumer { remote, command } => run(client::consumer(remote, command)),
         Command::Token(TokenCommand::Create { name, role, apps, database }) => run(async move {
             let store = tollgate_store::Store::connect(&database.url).await?;
             let (token, secret) = store.create_token("cli", &name, role, apps).await?;

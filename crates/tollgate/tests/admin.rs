@@ -366,3 +366,87 @@ async fn two_instances_on_one_postgres_see_a_change_within_a_second() {
     println!("propagation to the second instance: {delays:?}");
     assert!(delays.iter().all(|d| *d < Duration::from_secs(1)), "{delays:?}");
 }
+
+fn cli(server: &Tollgate, token: &str, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .env("TOLLGATE_SERVER", &server.base)
+        .env("TOLLGATE_TOKEN", token)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_cli_applies_lists_and_deletes_over_the_api() {
+    let (server, _, root) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policies.toml");
+    let write = |limit: u64| {
+        std::fs::write(
+            &file,
+            format!(
+                "[policies.cli_a]\nrules = [{{ algorithm = \"fixed_window\", limit = {limit}, period = \"1h\" }}]\n\
+                 [policies.cli_b]\napps = [\"shop\"]\nmode = \"shadow\"\n\
+                 rules = [{{ algorithm = \"gcra\", limit = 5, period = \"1s\", burst = 2 }}]\n"
+            ),
+        )
+        .unwrap();
+    };
+    write(1);
+    let path = file.to_str().unwrap();
+    let (ok, _, stderr) = cli(&server, &root, &["policy", "apply", path]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("created policy \"cli_a\"") && stderr.contains("created policy \"cli_b\""),
+        "{stderr}"
+    );
+    assert_eq!(server.check(json!({"key": "k", "policy": "cli_a"})).await.0, 200);
+    assert_eq!(server.check(json!({"key": "k", "policy": "cli_a"})).await.0, 429);
+
+    write(3);
+    let (ok, _, stderr) = cli(&server, &root, &["policy", "apply", path]);
+    assert!(ok && stderr.contains("updated policy \"cli_a\""), "{stderr}");
+    let (ok, stdout, _) = cli(&server, &root, &["policy", "get", "cli_a"]);
+    let got: Value = serde_json::from_str(&stdout).unwrap();
+    assert!(ok);
+    assert_eq!((got["version"].as_i64(), &got["rules"][0]["limit"]), (Some(2), &json!(3)));
+    let (_, stdout, _) = cli(&server, &root, &["policy", "list"]);
+    let list: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(list["items"].as_array().unwrap().len(), 3, "cli_a, cli_b and the file's");
+
+    // A mistake is refused with the field, and the command fails.
+    std::fs::write(
+        &file,
+        "[policies.cli_a]\nrules = [{ algorithm = \"fixed_window\", limit = 0, period = \"1h\" }]\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = cli(&server, &root, &["policy", "apply", path]);
+    assert!(!ok && stderr.contains("rules[0].limit"), "{stderr}");
+    let (ok, _, stderr) = cli(&server, "tg_wrong", &["policy", "list"]);
+    assert!(!ok && stderr.contains("401"), "{stderr}");
+
+    let (ok, _, _) = cli(&server, &root, &["policy", "delete", "cli_b"]);
+    assert!(ok);
+    assert_eq!(server.check(json!({"key": "k", "policy": "cli_b"})).await.0, 404);
+
+    // Consumers.
+    let (ok, stdout, stderr) =
+        cli(&server, &root, &["consumer", "add-limit", "c1", "--per-hour", "2", "--per-day", "-1"]);
+    assert!(ok, "{stderr}");
+    let record: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(record["per_hour"], 2);
+    server.check(json!({"consumer": "c1"})).await;
+    let (ok, stdout, _) = cli(&server, &root, &["consumer", "call-limits", "c1"]);
+    let usage: Value = serde_json::from_str(&stdout).unwrap();
+    assert!(ok);
+    assert_eq!(usage["limits"]["per_hour"], 2);
+    let (ok, ..) = cli(&server, &root, &["consumer", "delete-limit", "c1", record["id"].as_str().unwrap()]);
+    assert!(ok);
+    let (_, stdout, _) = cli(&server, &root, &["consumer", "limits", "c1"]);
+    assert_eq!(serde_json::from_str::<Value>(&stdout).unwrap()["items"], json!([]));
+}

@@ -1,0 +1,250 @@
+//! `tollgate policy ...` and `tollgate consumer ...`: the management API from the command
+//! line, for scripts. Prints the server's JSON; a refusal prints its problem and fails.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+use clap::Subcommand;
+use serde_json::Value;
+use tollgate_store::PolicyInput;
+
+/// Where the server is and who is asking.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Remote {
+    /// The Tollgate server.
+    #[arg(long, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:8080", value_name = "URL")]
+    server: String,
+    /// An API token (see `tollgate token create`).
+    #[arg(long, env = "TOLLGATE_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    token: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum PolicyCommand {
+    /// List the policies the token may see (file and database).
+    List,
+    /// Show one policy.
+    Get {
+        /// Its name.
+        name: String,
+    },
+    /// Create or update the policies of a TOML file written like the configuration's
+    /// `[policies.<name>]` sections (plus `apps` and `enabled`).
+    Apply {
+        /// The file.
+        file: PathBuf,
+    },
+    /// Delete a policy.
+    Delete {
+        /// Its name.
+        name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ConsumerCommand {
+    /// List a consumer's limit records.
+    Limits {
+        /// The consumer.
+        consumer: String,
+    },
+    /// Add a limit record (each period -1 for unlimited, the default).
+    AddLimit {
+        /// The consumer.
+        consumer: String,
+        #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+        per_second: i64,
+        #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+        per_minute: i64,
+        #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+        per_hour: i64,
+        #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+        per_day: i64,
+        #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+        per_week: i64,
+        #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+        per_month: i64,
+        /// Only for checks whose scope starts with this.
+        #[arg(long)]
+        scope: Option<String>,
+        /// Active from (RFC 3339).
+        #[arg(long)]
+        from: Option<String>,
+        /// Active until (RFC 3339).
+        #[arg(long)]
+        to: Option<String>,
+    },
+    /// Delete a limit record.
+    DeleteLimit {
+        /// The consumer.
+        consumer: String,
+        /// The record's id.
+        id: String,
+    },
+    /// The consumer's limits in force and live usage.
+    CallLimits {
+        /// The consumer.
+        consumer: String,
+    },
+}
+
+struct Client {
+    http: reqwest::Client,
+    remote: Remote,
+}
+
+impl Client {
+    fn new(remote: Remote) -> Self {
+        Client { http: reqwest::Client::new(), remote }
+    }
+
+    /// Sends a request; the JSON answer (Null for 204), or the problem as an error.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+        if_match: Option<i64>,
+    ) -> anyhow::Result<Value> {
+        let url = format!("{}{path}", self.remote.server.trim_end_matches('/'));
+        let mut req = self.http.request(method, &url).bearer_auth(&self.remote.token);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        if let Some(version) = if_match {
+            req = req.header("if-match", format!("\"{version}\""));
+        }
+        let response = req.send().await.with_context(|| format!("cannot reach {url}"))?;
+        let status = response.status();
+        let text = response.text().await?;
+        let value: Value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        if !status.is_success() {
+            let detail = value.get("detail").and_then(Value::as_str).unwrap_or("");
+            let field = value
+                .get("field")
+                .and_then(Value::as_str)
+                .map(|f| format!(" (field {f})"))
+                .unwrap_or_default();
+            bail!("{status}: {detail}{field}");
+        }
+        Ok(value)
+    }
+}
+
+fn print(value: &Value) -> anyhow::Result<()> {
+    if !value.is_null() {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    }
+    Ok(())
+}
+
+/// Segment-safe path component.
+fn segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+pub(crate) async fn policy(remote: Remote, command: PolicyCommand) -> anyhow::Result<()> {
+    use reqwest::Method;
+    let client = Client::new(remote);
+    match command {
+        PolicyCommand::List => {
+            print(&client.send(Method::GET, "/v1/admin/policies?limit=200", None, None).await?)
+        }
+        PolicyCommand::Get { name } => print(
+            &client.send(Method::GET, &format!("/v1/admin/policies/{}", segment(&name)), None, None).await?,
+        ),
+        PolicyCommand::Delete { name } => {
+            client
+                .send(Method::DELETE, &format!("/v1/admin/policies/{}", segment(&name)), None, None)
+                .await?;
+            eprintln!("deleted policy {name:?}");
+            Ok(())
+        }
+        PolicyCommand::Apply { file } => {
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct PolicyFile {
+                policies: BTreeMap<String, PolicyInput>,
+            }
+            let text =
+                std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let parsed: PolicyFile =
+                toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            for (name, input) in parsed.policies {
+                let path = format!("/v1/admin/policies/{}", segment(&name));
+                let body = serde_json::to_value(&input)?;
+                match client.send(Method::GET, &path, None, None).await {
+                    Ok(current) => {
+                        let version = current.get("version").and_then(Value::as_i64);
+                        client.send(Method::PUT, &path, Some(&body), version).await?;
+                        eprintln!("updated policy {name:?}");
+                    }
+                    Err(e) if e.to_string().starts_with("404") => {
+                        let mut body = body;
+                        body["name"] = Value::String(name.clone());
+                        client.send(Method::POST, "/v1/admin/policies", Some(&body), None).await?;
+                        eprintln!("created policy {name:?}");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+pub(crate) async fn consumer(remote: Remote, command: ConsumerCommand) -> anyhow::Result<()> {
+    use reqwest::Method;
+    let client = Client::new(remote);
+    match command {
+        ConsumerCommand::Limits { consumer } => print(
+            &client
+                .send(Method::GET, &format!("/v1/admin/consumers/{}/limits", segment(&consumer)), None, None)
+                .await?,
+        ),
+        ConsumerCommand::AddLimit {
+            consumer,
+            per_second,
+            per_minute,
+            per_hour,
+            per_day,
+            per_week,
+            per_month,
+            scope,
+            from,
+            to,
+        } => {
+            let body = serde_json::json!({
+                "per_second": per_second, "per_minute": per_minute, "per_hour": per_hour,
+                "per_day": per_day, "per_week": per_week, "per_month": per_month,
+                "scope": scope, "from": from, "to": to,
+            });
+            let path = format!("/v1/admin/consumers/{}/limits", segment(&consumer));
+            print(&client.send(Method::POST, &path, Some(&body), None).await?)
+        }
+        ConsumerCommand::DeleteLimit { consumer, id } => {
+            let path = format!("/v1/admin/consumers/{}/limits/{}", segment(&consumer), segment(&id));
+            client.send(Method::DELETE, &path, None, None).await?;
+            eprintln!("deleted limit {id} of consumer {consumer:?}");
+            Ok(())
+        }
+        ConsumerCommand::CallLimits { consumer } => print(
+            &client
+                .send(Method::GET, &format!("/v1/consumers/{}/call-limits", segment(&consumer)), None, None)
+                .await?,
+        ),
+    }
+}
