@@ -155,7 +155,7 @@ async fn consumer_limits_round_trip(store: &Store) {
     let created = store.create_consumer_limit("alice", "acme", &input).await.unwrap();
     assert_eq!(created.from.as_deref(), Some("2026-01-01T00:00:00.000Z"));
     let listed = store.consumer_limits("acme").await.unwrap();
-    assert_eq!(listed, [created.clone()]);
+    assert_eq!(listed, std::slice::from_ref(&created));
     assert_eq!(store.all_consumer_limits().await.unwrap().len(), 1);
 
     let mut changed = input.clone();
