@@ -43,7 +43,7 @@ pub use memory::MemoryBackend;
 pub use operation::{Operation, validate_key};
 pub use period::{Period, PeriodError};
 pub use rule::{Algorithm, Align, Rule, RuleKind};
-pub use ruleset::RuleSet;
+pub use ruleset::{RuleSet, StateSlot};
 
 /// The README's Rust examples, compiled and run as doc tests so they stay true.
 #[cfg(doctest)]

@@ -32,7 +32,7 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, ServerErrorKind};
 use tollgate_core::algorithm::lua::{self, Arg, Variant};
-use tollgate_core::{Backend, Clock, Decision, Error, Operation, RuleSet, validate_key};
+use tollgate_core::{Backend, Clock, Decision, Error, Operation, RuleSet, StateSlot, validate_key};
 
 pub use keys::PrefixError;
 
@@ -179,10 +179,19 @@ impl RedisBackend {
         }
     }
 
-    /// The Redis keys holding `key`'s state under `rules`, in the rules' order.
+    /// The Redis keys holding `key`'s state under `rules`, in the rules' order: hash-stored
+    /// rules (fixed window, sliding window counter, token bucket, GCRA) have fields in one hash
+    /// per key, `<prefix>:{<key>}:h`, prefixed by the rule's id; sorted-set rules (sliding log,
+    /// concurrency) have a key each, `<prefix>:{<key>}:<signature>`.
     pub fn state_keys(&self, key: &str, rules: &RuleSet) -> Vec<String> {
         let tagged = keys::tagged(&self.prefix, key);
-        rules.signatures().map(|s| keys::state_key(&tagged, s)).collect()
+        rules
+            .state_slots()
+            .map(|slot| match slot {
+                StateSlot::Own { signature } => keys::state_key(&tagged, signature),
+                StateSlot::Shared { .. } => keys::state_key(&tagged, keys::SHARED),
+            })
+            .collect()
     }
 
     fn connection(&self) -> ConnectionManager {
@@ -224,9 +233,22 @@ impl Backend for RedisBackend {
 
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
         validate_key(key)?;
-        let keys = self.state_keys(key, rules);
+        // Own keys go; in a shared hash only this set's fields do (other rule sets of the same
+        // key may keep theirs there). One MULTI, so a reset is never half done.
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (slot, state_key) in rules.state_slots().zip(self.state_keys(key, rules)) {
+            match slot {
+                StateSlot::Own { .. } => pipe.cmd("DEL").arg(state_key).ignore(),
+                StateSlot::Shared { prefix, fields } => pipe
+                    .cmd("HDEL")
+                    .arg(state_key)
+                    .arg(fields.iter().map(|f| format!("{prefix}{f}")).collect::<Vec<_>>())
+                    .ignore(),
+            };
+        }
         let mut conn = self.connection();
-        self.bounded(async move { redis::cmd("DEL").arg(keys).query_async::<()>(&mut conn).await }).await
+        self.bounded(async move { pipe.query_async::<()>(&mut conn).await }).await
     }
 
     /// `PING` on every connection, each within the timeout: a connection that failed earlier

@@ -219,11 +219,12 @@ async fn keys_are_prefixed_tagged_and_named_by_rule() {
     let server = RedisServer::start();
     let backend = RedisBackend::builder(server.url()).prefix("app").build().unwrap();
     let rules =
-        RuleSet::new([Rule::fixed_window(5, Period::SECOND), Rule::gcra(1, Period::SECOND, 2)]).unwrap();
+        RuleSet::new([Rule::fixed_window(5, Period::SECOND), Rule::sliding_window_log(1, Period::SECOND)])
+            .unwrap();
     backend.check("user:{1}", &rules, 1).await.unwrap();
     let mut keys = server.keys();
     keys.sort();
-    assert_eq!(keys, ["app:{user:%7B1%7D}:fw:5:1000000", "app:{user:%7B1%7D}:gcra:1:1000000:2"]);
+    assert_eq!(keys, ["app:{user:%7B1%7D}:h", "app:{user:%7B1%7D}:swl:1:1000000"]);
     assert_eq!(keys, {
         let mut k = backend.state_keys("user:{1}", &rules);
         k.sort();
@@ -233,8 +234,45 @@ async fn keys_are_prefixed_tagged_and_named_by_rule() {
     let node = RedisServer::start_with(&["--cluster-enabled", "yes"]);
     let slots: Vec<i64> = keys.iter().map(|k| node.command(&["CLUSTER", "KEYSLOT", k])).collect();
     assert_eq!(slots[0], slots[1]);
-    let other: i64 = node.command(&["CLUSTER", "KEYSLOT", "app:{user:2}:fw:5:1000000"]);
+    let other: i64 = node.command(&["CLUSTER", "KEYSLOT", "app:{user:2}:h"]);
     assert_ne!(slots[0], other, "the tag, not the prefix, picks the slot");
     backend.reset("user:{1}", &rules).await.unwrap();
     assert!(server.keys().is_empty());
+}
+
+#[tokio::test]
+async fn hash_stored_rules_of_a_set_share_one_hash() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url()).build().unwrap();
+    // The per-consumer shape: six clock-aligned windows.
+    let periods =
+        [Period::SECOND, Period::MINUTE, Period::HOUR, Period::DAY, Period::WEEK, Period::MONTH_30_DAYS];
+    let six = RuleSet::new(periods.iter().map(|p| Rule::fixed_window(100, *p))).unwrap();
+    for _ in 0..3 {
+        assert!(backend.check("acme", &six, 1).await.unwrap().allowed());
+    }
+    assert_eq!(server.keys(), ["tollgate:{acme}:h"]);
+    let fields: Vec<String> = server.command(&["HKEYS", "tollgate:{acme}:h"]);
+    assert_eq!(fields.len(), 12, "{fields:?}");
+    // The hash lives as long as its longest-lived state: the month's window.
+    let ttl: i64 = server.command(&["PTTL", "tollgate:{acme}:h"]);
+    assert!(ttl > 86_400_000, "{ttl}");
+    assert!(ttl <= 30 * 86_400_000 + 1000, "{ttl}");
+    let usage: i64 = server.command(&["MEMORY", "USAGE", "tollgate:{acme}:h"]);
+    println!("six periods of one consumer: {usage} bytes");
+
+    // Another set on the same key shares the hash; a reset of one set leaves the other's.
+    let other =
+        RuleSet::new([Rule::gcra(10, Period::SECOND, 5), Rule::sliding_window_counter(50, Period::MINUTE)])
+            .unwrap();
+    assert!(backend.check("acme", &other, 1).await.unwrap().allowed());
+    let fields: Vec<String> = server.command(&["HKEYS", "tollgate:{acme}:h"]);
+    assert_eq!(fields.len(), 12 + 2 + 3);
+    backend.reset("acme", &six).await.unwrap();
+    let fields: Vec<String> = server.command(&["HKEYS", "tollgate:{acme}:h"]);
+    assert_eq!(fields.len(), 5, "{fields:?}");
+    assert_eq!(backend.check("acme", &six, 0).await.unwrap().remaining(), 100);
+    assert_eq!(backend.check("acme", &other, 0).await.unwrap().rules()[1].remaining, 49);
+    backend.reset("acme", &other).await.unwrap();
+    assert!(server.keys().is_empty(), "an emptied hash is gone");
 }

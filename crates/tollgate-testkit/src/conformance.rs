@@ -312,6 +312,24 @@ pub async fn peek_consumes_nothing(h: &Harness<impl Backend>) {
     }
 }
 
+/// A key's state under a rule is the same whichever rule set the rule is checked in, and a
+/// reset of one set leaves the other rules' state alone.
+pub async fn a_rule_keeps_one_state_across_rule_sets(h: &Harness<impl Backend>) {
+    let shared = Rule::fixed_window(5, Period::HOUR);
+    let alone = set([shared.clone()]);
+    let with_others =
+        set([Rule::gcra(10, Period::HOUR, 4), shared.clone(), Rule::sliding_window_counter(9, Period::HOUR)]);
+    let key = h.key("across");
+    assert!(h.take(&key, &alone, 2).await.allowed());
+    let d = h.take(&key, &with_others, 1).await;
+    assert!(d.allowed());
+    assert_eq!(d.rules()[1].remaining, 2, "the fixed window counted 2 + 1");
+    assert_eq!(h.check(&key, &alone, 0).await.remaining(), 2);
+    h.backend.reset(&key, &alone).await.unwrap();
+    let d = h.check(&key, &with_others, 0).await;
+    assert_eq!((d.rules()[0].remaining, d.rules()[1].remaining, d.rules()[2].remaining), (3, 5, 8));
+}
+
 /// Reset puts every algorithm back to full.
 pub async fn reset_restores_full(h: &Harness<impl Backend>) {
     let rules = set(one_of_each(5, Period::HOUR));
@@ -435,6 +453,7 @@ macro_rules! conformance_tests {
             refund_gives_back,
             bad_input_is_an_error,
             multi_rule_all_or_nothing,
+            a_rule_keeps_one_state_across_rule_sets,
             retry_after_is_honest
         );
     };

@@ -6,7 +6,8 @@ local concurrency = {}
 local CHUNK = 1000 -- members per ZADD or ZREM, well inside Lua's stack for unpack()
 
 -- args: limit, lease duration
-function concurrency.load(key, now, limit, lease)
+function concurrency.load(slot, now, limit, lease)
+  local key = slot.key -- a sorted set: always a key of its own
   redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
   return {key = key, limit = limit, lease = lease, count = redis.call('ZCARD', key)}
 end

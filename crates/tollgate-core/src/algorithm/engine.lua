@@ -2,13 +2,15 @@
 --
 -- KEYS[i]: the state of rule i (all keys share one hash tag, so this runs on Redis Cluster).
 -- ARGV: operation ('check', 'acquire', 'refund' or 'release'); now in microseconds ('' to use
---   Redis's own clock); amount (the cost, or the refund); lease id; lease units; then five
---   numbers per rule: its algorithm (its number in ALGORITHMS) and four parameters.
+--   Redis's own clock); amount (the cost, or the refund); lease id; lease units; then six
+--   values per rule: its algorithm (its number in ALGORITHMS), four parameters, and the prefix
+--   of its fields in the key's shared hash ('' when the key is its own; see hload in
+--   prelude.lua).
 -- Reply: {now, then per rule: admitted (1 or 0), remaining, reset_after, retry_after}, times in
 --   microseconds.
 
 local HEADER = 5
-local PER_RULE = 5
+local PER_RULE = 6
 
 local op = ARGV[1]
 local now = tonumber(ARGV[2])
@@ -25,7 +27,8 @@ local rules = {}
 for i = 1, #KEYS do
   local at = HEADER + (i - 1) * PER_RULE
   local algorithm = ALGORITHMS[tonumber(ARGV[at + 1])]
-  local state = algorithm.load(KEYS[i], now, tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]),
+  local slot = {key = KEYS[i], p = ARGV[at + 6]}
+  local state = algorithm.load(slot, now, tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]),
                                tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
   rules[i] = {algorithm = algorithm, state = state}
 end

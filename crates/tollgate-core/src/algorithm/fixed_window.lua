@@ -1,13 +1,14 @@
 -- Fixed window. Rust twin: fixed_window.rs (same phases, same arithmetic).
--- State: a hash {s = window start, c = count}; no key is a count of zero.
+-- State: hash fields {s = window start, c = count} (see hload in prelude.lua); none is a count
+-- of zero.
 local fixed_window = {}
 
 local ALIGN_CLOCK = 0
 
 -- args: limit, period, align (0 clock, 1 first hit)
-function fixed_window.load(key, now, limit, period, align)
-  local v = hnumbers(key, 's', 'c')
-  local st = {key = key, limit = limit, period = period, clock = align == ALIGN_CLOCK,
+function fixed_window.load(slot, now, limit, period, align)
+  local v = hload(slot, 's', 'c')
+  local st = {slot = slot, limit = limit, period = period, clock = align == ALIGN_CLOCK,
               start = v[1], count = v[2]}
   if st.clock then
     local start = floor_div(now, period) * period
@@ -31,10 +32,9 @@ end
 
 local function save(st, now)
   if st.count > 0 then
-    redis.call('HSET', st.key, 's', int(st.start), 'c', int(st.count))
-    expire_at(st.key, st.start + st.period, now)
+    hstore(st.slot, st.start + st.period, now, 's', int(st.start), 'c', int(st.count))
   else
-    redis.call('DEL', st.key)
+    hclear(st.slot, 's', 'c')
   end
 end
 

@@ -1,7 +1,8 @@
 -- GCRA with exact rational time; also the token bucket's engine. Rust twin: gcra.rs (same
 -- phases, same arithmetic).
 -- Times are pairs (whole microseconds, fraction / den), 0 <= fraction < den.
--- State: a hash {t = tat's whole microseconds, f = its fraction}; no key is a full bucket.
+-- State: hash fields {t = tat's whole microseconds, f = its fraction} (see hload in
+-- prelude.lua); none is a full bucket.
 local gcra = {}
 
 local function less(aw, af, bw, bf)
@@ -48,17 +49,16 @@ end
 
 local function save(st, now)
   if st.tw > 0 or st.tf > 0 then
-    redis.call('HSET', st.key, 't', int(st.tw), 'f', int(st.tf))
-    expire_at(st.key, ceil_micros(st.tw, st.tf), now)
+    hstore(st.slot, ceil_micros(st.tw, st.tf), now, 't', int(st.tw), 'f', int(st.tf))
   else
-    redis.call('DEL', st.key)
+    hclear(st.slot, 't', 'f')
   end
 end
 
 -- args: capacity, quotient, remainder, den, where T = quotient + remainder / den microseconds
-function gcra.load(key, now, capacity, quotient, remainder, den)
-  local v = hnumbers(key, 't', 'f')
-  local st = {key = key, capacity = capacity, quotient = quotient, remainder = remainder,
+function gcra.load(slot, now, capacity, quotient, remainder, den)
+  local v = hload(slot, 't', 'f')
+  local st = {slot = slot, capacity = capacity, quotient = quotient, remainder = remainder,
               den = den, num = quotient * den + remainder, tw = v[1], tf = v[2]}
   if not less(now, 0, st.tw, st.tf) then
     st.tw = 0

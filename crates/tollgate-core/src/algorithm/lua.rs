@@ -109,15 +109,16 @@ impl Algo {
 }
 
 /// The script's arguments for `op` on `rules`; with `now` of `None` the script reads Redis's
-/// clock. `KEYS` are the rules' state keys, in the rule set's order.
-pub fn arguments<'a>(rules: &RuleSet, op: &Operation<'a>, now: Option<Timestamp>) -> Vec<Arg<'a>> {
+/// clock. `KEYS` are the rules' state keys, in the rule set's order: for rules whose
+/// [`StateSlot`](crate::StateSlot) is shared, the same hash key each time.
+pub fn arguments<'a>(rules: &'a RuleSet, op: &Operation<'a>, now: Option<Timestamp>) -> Vec<Arg<'a>> {
     let (name, amount, lease_id, lease_units) = match *op {
         Operation::Check { cost } => ("check", cost, "", 0),
         Operation::Acquire { cost, lease } => ("acquire", cost, lease.as_str(), 0),
         Operation::Refund { amount } => ("refund", amount, "", 0),
         Operation::Release { lease } => ("release", 0, lease.id.as_str(), lease.units),
     };
-    let mut args = Vec::with_capacity(5 + 5 * rules.len());
+    let mut args = Vec::with_capacity(5 + 6 * rules.len());
     args.push(Arg::Text(name));
     args.push(match now {
         Some(now) => Arg::Int(to_i64(now.as_micros())),
@@ -128,6 +129,7 @@ pub fn arguments<'a>(rules: &RuleSet, op: &Operation<'a>, now: Option<Timestamp>
     args.push(Arg::Int(to_i64(lease_units)));
     for rule in rules.compiled() {
         args.extend(rule.algo.lua_args().map(Arg::Int));
+        args.push(Arg::Text(&rule.field_prefix));
     }
     args
 }

@@ -184,6 +184,17 @@ impl Algo {
     }
 
     /// The most units the rule admits at once; also the `limit` it reports.
+    /// The fields of the algorithm's state when it is a Redis hash (the `.lua` twin's
+    /// `hstore` calls write exactly these); `None` for states that are sorted sets.
+    pub(crate) fn hash_fields(&self) -> Option<&'static [&'static str]> {
+        match self {
+            Algo::FixedWindow(_) => Some(&["s", "c"]),
+            Algo::SlidingWindowCounter(_) => Some(&["s", "p", "c"]),
+            Algo::Gcra(_) => Some(&["t", "f"]),
+            Algo::SlidingWindowLog(_) | Algo::Concurrency(_) => None,
+        }
+    }
+
     pub(crate) fn capacity(&self) -> u64 {
         match self {
             Algo::FixedWindow(a) => a.limit,

@@ -57,3 +57,53 @@ local function hnumbers(key, ...)
   end
   return values
 end
+
+-- A rule's state place: {key = KEYS[i], p = field prefix}. Hash-stored states share one hash
+-- per key, each rule's fields prefixed by its id (p = '<id>.'); with p = '' the key is the
+-- rule's own.
+local function prefixed(slot, fields)
+  if slot.p == '' then
+    return fields
+  end
+  local out = {}
+  for i = 1, #fields do
+    out[i] = slot.p .. fields[i]
+  end
+  return out
+end
+
+-- Reads the slot's fields as numbers, 0 when absent.
+local function hload(slot, ...)
+  return hnumbers(slot.key, unpack(prefixed(slot, {...})))
+end
+
+-- Writes field/value pairs and makes the key live at least until `expires_at`. A shared hash
+-- lives as long as its longest-lived state: PEXPIRE NX gives a new key its TTL, GT only ever
+-- lengthens it (a late expiry is harmless, see TTL_MARGIN_MS).
+local function hstore(slot, expires_at, now, ...)
+  local pairs_ = {...}
+  for i = 1, #pairs_, 2 do
+    pairs_[i] = slot.p .. pairs_[i]
+  end
+  redis.call('HSET', slot.key, unpack(pairs_))
+  if slot.p == '' then
+    expire_at(slot.key, expires_at, now)
+  else
+    local ms = floor_div(expires_at - now + 999, 1000)
+    if ms < 1 then
+      ms = 1
+    end
+    ms = int(ms + TTL_MARGIN_MS)
+    redis.call('PEXPIRE', slot.key, ms, 'NX')
+    redis.call('PEXPIRE', slot.key, ms, 'GT')
+  end
+end
+
+-- Forgets the slot's state: its key, or its fields of the shared hash.
+local function hclear(slot, ...)
+  if slot.p == '' then
+    redis.call('DEL', slot.key)
+  else
+    redis.call('HDEL', slot.key, unpack(prefixed(slot, {...})))
+  end
+end

@@ -1,6 +1,7 @@
 -- Sliding window counter. Rust twin: sliding_window_counter.rs (same phases, same arithmetic,
 -- including the order of every floating-point operation).
--- State: a hash {s = window start, p = previous window's count, c = current window's count}.
+-- State: hash fields {s = window start, p = previous window's count, c = current window's
+-- count} (see hload in prelude.lua).
 local sliding_window_counter = {}
 
 -- Rolls counts stored for window `start` over to the window holding `at`.
@@ -36,17 +37,16 @@ end
 local function save(st, now)
   local t = expires_at(st)
   if t then
-    redis.call('HSET', st.key, 's', int(st.start), 'p', int(st.previous), 'c', int(st.current))
-    expire_at(st.key, t, now)
+    hstore(st.slot, t, now, 's', int(st.start), 'p', int(st.previous), 'c', int(st.current))
   else
-    redis.call('DEL', st.key)
+    hclear(st.slot, 's', 'p', 'c')
   end
 end
 
 -- args: limit, period
-function sliding_window_counter.load(key, now, limit, period)
-  local v = hnumbers(key, 's', 'p', 'c')
-  local st = {key = key, limit = limit, period = period}
+function sliding_window_counter.load(slot, now, limit, period)
+  local v = hload(slot, 's', 'p', 'c')
+  local st = {slot = slot, limit = limit, period = period}
   st.start, st.previous, st.current = roll(period, v[1], v[2], v[3], now)
   return st
 end

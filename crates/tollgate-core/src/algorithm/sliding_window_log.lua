@@ -7,7 +7,8 @@ local sliding_window_log = {}
 local ZADD_CHUNK = 1000 -- members per ZADD, well inside Lua's stack for unpack()
 
 -- args: limit, period
-function sliding_window_log.load(key, now, limit, period)
+function sliding_window_log.load(slot, now, limit, period)
+  local key = slot.key -- a sorted set: always a key of its own
   redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
   return {key = key, limit = limit, period = period, count = redis.call('ZCARD', key)}
 end
