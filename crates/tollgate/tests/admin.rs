@@ -333,8 +333,9 @@ async fn two_instances_on_one_postgres_see_a_change_within_a_second() {
     let postgres = PostgresServer::start();
     let database = postgres.fresh_database();
     let root = bootstrap_token(&database, "root", "admin", None);
-    let a = Tollgate::start("", &["--database", &database]).await;
-    let b = Tollgate::start("", &["--database", &database]).await;
+    let redis = tollgate_testkit::RedisServer::start();
+    let a = Tollgate::start("", &["--database", &database, "--redis", &redis.url()]).await;
+    let b = Tollgate::start("", &["--database", &database, "--redis", &redis.url()]).await;
     let check = json!({"key": "k", "policy": "shared"});
     assert_eq!(b.check(check.clone()).await.0, 404);
 
@@ -365,6 +366,14 @@ async fn two_instances_on_one_postgres_see_a_change_within_a_second() {
     }
     println!("propagation to the second instance: {delays:?}");
     assert!(delays.iter().all(|d| *d < Duration::from_secs(1)), "{delays:?}");
+
+    // Both count in the one Redis: 5 admitted in all, whichever instance is asked.
+    let mut statuses = Vec::new();
+    for i in 0..7 {
+        let server = if i % 2 == 0 { &a } else { &b };
+        statuses.push(server.check(check.clone()).await.0);
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
 }
 
 fn cli(server: &Tollgate, token: &str, args: &[&str]) -> (bool, String, String) {
