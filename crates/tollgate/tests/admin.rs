@@ -284,6 +284,29 @@ async fn roles_and_apps_are_checked_on_every_route() {
             [403, 403, 403, 403, 403, 201],
         ),
         ("read audit", Method::GET, "/v1/admin/audit", None, [200, 200, 200, 200, 200, 200]),
+        (
+            "list consumer limits",
+            Method::GET,
+            "/v1/admin/consumers/acme/limits",
+            None,
+            [200, 200, 200, 200, 200, 200],
+        ),
+        (
+            "create consumer limit",
+            Method::POST,
+            "/v1/admin/consumers/acme/limits",
+            Some(
+                json!({"per_second": 5, "per_minute": -1, "per_hour": -1, "per_day": -1, "per_week": -1, "per_month": -1}),
+            ),
+            [403, 403, 201, 403, 403, 201],
+        ),
+        (
+            "read call limits",
+            Method::GET,
+            "/v1/consumers/acme/call-limits",
+            None,
+            [200, 200, 200, 200, 200, 200],
+        ),
     ];
     let order = ["viewer", "shop-viewer", "editor", "shop-editor", "shop-admin", "root"];
     let mut failures = Vec::new();
@@ -291,7 +314,7 @@ async fn roles_and_apps_are_checked_on_every_route() {
         for (who, want) in order.iter().zip(expected) {
             // Creations need a fresh name per caller; PUTs are idempotent enough.
             let body = body.clone().map(|mut b| {
-                if *method == Method::POST {
+                if *method == Method::POST && b.get("name").is_some() {
                     let name = format!("{}-{who}", b["name"].as_str().unwrap());
                     b["name"] = json!(name);
                 }
