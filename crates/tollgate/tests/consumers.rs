@@ -7,6 +7,9 @@ use common::{Tollgate, bootstrap_token, inside_window};
 use serde_json::{Value, json};
 use tollgate_testkit::RedisServer;
 
+/// Decisions from Redis only: a failing call answers 503 rather than a local decision.
+const EXACT: &str = "[backend]\non_failure = \"closed\"\ntimeout = \"5s\"\n";
+
 struct Setup {
     server: Tollgate,
     root: String,
@@ -196,7 +199,8 @@ async fn anonymous_callers_get_the_hourly_limit_per_address() {
 #[tokio::test]
 async fn six_periods_are_one_atomic_call_exact_under_concurrency() {
     let redis = RedisServer::start();
-    let s = setup("", &["--redis", &redis.url()]).await;
+    // Exactness is Redis's: no answer may come from the failure policy, even on a loaded machine.
+    let s = setup(EXACT, &["--redis", &redis.url()]).await;
     s.add_limit("burst", six(-1, 50, 1000, 5000, 10_000, 100_000), json!({})).await;
     inside_window(3600, 10).await;
     inside_window(60, 10).await;
@@ -211,8 +215,10 @@ async fn six_periods_are_one_atomic_call_exact_under_concurrency() {
         .collect();
     let mut admitted = 0;
     for t in tasks {
-        if t.await.unwrap() == 200 {
-            admitted += 1;
+        match t.await.unwrap() {
+            200 => admitted += 1,
+            429 => {}
+            other => panic!("status {other}: Redis was too slow for the test's 5 s timeout"),
         }
     }
     assert_eq!(admitted, 50, "exactly the per-minute limit");
