@@ -97,6 +97,12 @@ struct ServeArgs {
     /// Overrides the config's [backend].
     #[arg(long, env = "TOLLGATE_REDIS_URL", value_name = "URL")]
     redis: Option<String>,
+    /// Address of the Envoy rate-limit gRPC service (envoy.service.ratelimit.v3).
+    #[arg(long, env = "TOLLGATE_GRPC_LISTEN", value_name = "ADDR", default_value = "127.0.0.1:8081")]
+    grpc_listen: SocketAddr,
+    /// envoyproxy/ratelimit YAML configuration: a file, or a directory of *.yaml (one domain each).
+    #[arg(long, env = "TOLLGATE_ENVOY_CONFIG", value_name = "PATH")]
+    envoy_config: Option<PathBuf>,
     /// Log JSON lines instead of text (the log level comes from RUST_LOG; default info).
     #[arg(long, env = "TOLLGATE_JSON_LOGS")]
     json_logs: bool,

@@ -147,6 +147,26 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         policies = ?policies, "tollgate is listening"
     );
 
+    let domains = match &args.envoy_config {
+        Some(path) => tollgate_envoy::load(path)?,
+        None => Vec::new(),
+    };
+    let envoy = tollgate_envoy::EnvoyService::new(state.limiter().clone(), domains);
+    let grpc_listener = tokio::net::TcpListener::bind(args.grpc_listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (gRPC)", args.grpc_listen))?;
+    tracing::info!(address = %grpc_listener.local_addr()?, "Envoy rate-limit service (gRPC) is listening");
+    let grpc = tonic::transport::Server::builder()
+        .add_service(tollgate_envoy::RateLimitServiceServer::new(envoy))
+        .serve_with_incoming(
+            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+        );
+    tokio::spawn(async move {
+        if let Err(e) = grpc.await {
+            tracing::error!(error = %e, "the gRPC service stopped");
+        }
+    });
+
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
     let server = axum::serve(listener, tollgate_server::router(state)).with_graceful_shutdown(async move {
         shutdown_signal().await;

@@ -124,6 +124,7 @@ async fn environment_variables_configure_serve_and_sigterm_stops_it() {
         .env("TOLLGATE_CONFIG", &config)
         .env("TOLLGATE_LISTEN", format!("127.0.0.1:{port}"))
         .env("TOLLGATE_JSON_LOGS", "true")
+        .env("TOLLGATE_GRPC_LISTEN", "127.0.0.1:0")
         .env("TOLLGATE_DATABASE_URL", format!("sqlite://{}", dir.path().join("env.db").display()))
         .env_remove("TOLLGATE_REDIS_URL")
         .stdout(Stdio::null())

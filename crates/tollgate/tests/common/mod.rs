@@ -50,6 +50,9 @@ impl Tollgate {
         if with_config {
             cmd.arg("--config").arg(dir.path().join("tollgate.toml"));
         }
+        if !extra.contains(&"--grpc-listen") {
+            cmd.args(["--grpc-listen", &format!("127.0.0.1:{}", tollgate_testkit::free_port())]);
+        }
         if !extra.contains(&"--database") {
             cmd.arg("--database").arg(format!("sqlite://{}", dir.path().join("tollgate.db").display()));
         }
@@ -61,6 +64,8 @@ impl Tollgate {
             .env_remove("TOLLGATE_REDIS_URL")
             .env_remove("TOLLGATE_LISTEN")
             .env_remove("TOLLGATE_DATABASE_URL")
+            .env_remove("TOLLGATE_GRPC_LISTEN")
+            .env_remove("TOLLGATE_ENVOY_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -1,0 +1,244 @@
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over a [`Limiter`].
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tollgate_core::{Error as CoreError, Rule, RuleSet};
+use tollgate_limiter::{LimitError, Limiter, Mode, Policy};
+use tonic::{Request, Response, Status};
+
+use crate::config::{Domain, Limit, Unit, find};
+
+/// Most descriptors in one request.
+pub const MAX_DESCRIPTORS: usize = 64;
+/// Most entries in one descriptor.
+pub const MAX_ENTRIES: usize = 16;
+/// Longest domain, entry key or entry value, in bytes.
+pub const MAX_TEXT_BYTES: usize = 256;
+
+/// Metric names, upstream's where they exist, by `domain` and `descriptor` (the entry keys, or
+/// keys and values for `detailed_metric` descriptors).
+pub mod names {
+    /// Counter: hits (the sum of hits_addend).
+    pub const TOTAL_HITS: &str = "tollgate_envoy_total_hits";
+    /// Counter: hits refused.
+    pub const OVER_LIMIT: &str = "tollgate_envoy_over_limit";
+    /// Counter: hits admitted with more than 80 % of a limit used.
+    pub const NEAR_LIMIT: &str = "tollgate_envoy_near_limit";
+    /// Counter: hits admitted.
+    pub const WITHIN_LIMIT: &str = "tollgate_envoy_within_limit";
+    /// Counter: hits a shadow-mode descriptor would have refused.
+    pub const SHADOW_MODE: &str = "tollgate_envoy_shadow_mode";
+}
+
+/// The gRPC service: domains by name, swapped whole by reloads.
+#[derive(Clone)]
+pub struct EnvoyService {
+    limiter: Limiter,
+    domains: Arc<ArcSwap<BTreeMap<String, Domain>>>,
+}
+
+impl std::fmt::Debug for EnvoyService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EnvoyService").finish_non_exhaustive()
+    }
+}
+
+/// A descriptor's part of the counting key: `k=v` pairs joined by `|`, with `%`, `|` and `=`
+/// percent-encoded so no two descriptors share a key.
+fn key_of(domain: &str, entries: &[(String, String)]) -> String {
+    let escape = |s: &str| s.replace('%', "%25").replace('|', "%7C").replace('=', "%3D");
+    let mut key = format!("envoy:{}", escape(domain));
+    for (k, v) in entries {
+        key.push('|');
+        key.push_str(&escape(k));
+        key.push('=');
+        key.push_str(&escape(v));
+    }
+    key
+}
+
+fn invalid(message: impl Into<String>) -> Status {
+    Status::invalid_argument(message.into())
+}
+
+/// One descriptor, ready to decide.
+struct Planned {
+    entries: Vec<(String, String)>,
+    limits: Vec<Limit>,
+    shadow: bool,
+    detailed: bool,
+    hits: u64,
+}
+
+impl EnvoyService {
+    /// A service over `limiter` answering for `domains`.
+    pub fn new(limiter: Limiter, domains: Vec<Domain>) -> Self {
+        let map = domains.into_iter().map(|d| (d.name.clone(), d)).collect();
+        EnvoyService { limiter, domains: Arc::new(ArcSwap::from_pointee(map)) }
+    }
+
+    /// Replaces the domains (a reload).
+    pub fn replace_domains(&self, domains: Vec<Domain>) {
+        self.domains.store(Arc::new(domains.into_iter().map(|d| (d.name.clone(), d)).collect()));
+    }
+
+    fn plan(&self, req: &RateLimitRequest) -> Result<Vec<Planned>, Status> {
+        if req.domain.is_empty() || req.domain.len() > MAX_TEXT_BYTES {
+            return Err(invalid(format!("domain must be 1 to {MAX_TEXT_BYTES} bytes")));
+        }
+        if req.descriptors.len() > MAX_DESCRIPTORS {
+            return Err(invalid(format!("at most {MAX_DESCRIPTORS} descriptors per request")));
+        }
+        let domains = self.domains.load();
+        let domain = domains.get(&req.domain);
+        // hits_addend 0 means "not set": one hit, as upstream.
+        let request_hits = if req.hits_addend == 0 { 1 } else { u64::from(req.hits_addend) };
+        req.descriptors.iter().enumerate().map(|(i, d)| plan_one(i, d, domain, request_hits)).collect()
+    }
+}
+
+fn plan_one(
+    i: usize,
+    d: &RateLimitDescriptor,
+    domain: Option<&Domain>,
+    request_hits: u64,
+) -> Result<Planned, Status> {
+    if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
+        return Err(invalid(format!("descriptors[{i}]: 1 to {MAX_ENTRIES} entries")));
+    }
+    if d.entries
+        .iter()
+        .any(|e| e.key.is_empty() || e.key.len() > MAX_TEXT_BYTES || e.value.len() > MAX_TEXT_BYTES)
+    {
+        return Err(invalid(format!(
+            "descriptors[{i}]: entry keys are 1 to {MAX_TEXT_BYTES} bytes, values at most"
+        )));
+    }
+    let entries: Vec<(String, String)> = d.entries.iter().map(|e| (e.key.clone(), e.value.clone())).collect();
+    let hits = d.hits_addend.as_ref().map_or(request_hits, |h| h.value);
+    let node = domain.and_then(|dom| find(&dom.root, &entries));
+    let (mut limits, shadow, detailed) = match node {
+        Some(n) => (n.limits.clone(), n.shadow_mode, n.detailed_metric),
+        None => (Vec::new(), false, false),
+    };
+    // A limit in the request overrides the configuration's (upstream's `limit` field).
+    if let Some(o) = &d.limit {
+        let unit = Unit::from_proto(o.unit)
+            .ok_or_else(|| invalid(format!("descriptors[{i}].limit.unit is unknown")))?;
+        let period = tollgate_core::Period::from_secs(unit.seconds()).map_err(|e| invalid(e.to_string()))?;
+        let n = u64::from(o.requests_per_unit);
+        let rule = (n > 0).then(|| Rule::fixed_window(n, period));
+        limits = vec![Limit { name: None, rule, requests_per_unit: n, unit, replaces: Vec::new() }];
+    }
+    Ok(Planned { entries, limits, shadow, detailed, hits })
+}
+
+fn status(code: Code, limit: Option<&Limit>, remaining: u64, reset: std::time::Duration) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: limit.map(|l| RateLimit {
+            name: l.name.clone().unwrap_or_default(),
+            requests_per_unit: u32::try_from(l.requests_per_unit).unwrap_or(u32::MAX),
+            unit: l.unit.proto(),
+        }),
+        limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+        duration_until_reset: (!reset.is_zero()).then(|| envoy_types::pb::google::protobuf::Duration {
+            seconds: i64::try_from(reset.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(reset.subsec_nanos()).unwrap_or(0),
+        }),
+        quota: None,
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for EnvoyService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let req = request.into_inner();
+        let mut planned = self.plan(&req)?;
+        // `replaces`: a named limit is dropped when another limit of this request replaces it.
+        let replaced: HashSet<String> =
+            planned.iter().flat_map(|p| p.limits.iter().flat_map(|l| l.replaces.iter().cloned())).collect();
+        for p in &mut planned {
+            p.limits.retain(|l| l.name.as_ref().is_none_or(|n| !replaced.contains(n)));
+        }
+
+        let mut overall = Code::Ok;
+        let mut statuses = Vec::with_capacity(planned.len());
+        for p in &planned {
+            let label = match p.detailed {
+                true => p.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect::<Vec<_>>().join("."),
+                false => p.entries.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join("."),
+            };
+            let labels = [("domain", req.domain.clone()), ("descriptor", label)];
+            let rules: Vec<Rule> = p.limits.iter().filter_map(|l| l.rule.clone()).collect();
+            if rules.is_empty() {
+                // No limit, or only unlimited ones: OK, uncounted, no current limit (as upstream).
+                statuses.push(status(Code::Ok, None, 0, std::time::Duration::ZERO));
+                continue;
+            }
+            ::metrics::counter!(names::TOTAL_HITS, &labels).increment(p.hits);
+            let set = RuleSet::new(rules).map_err(|e| Status::internal(e.to_string()))?;
+            let mode = if p.shadow { Mode::Shadow } else { Mode::Enforce };
+            let policy = Policy::enforce(req.domain.as_str(), set).with_mode(mode);
+            let limited: Vec<&Limit> = p.limits.iter().filter(|l| l.rule.is_some()).collect();
+            let key = key_of(&req.domain, &p.entries);
+            let verdict = match self.limiter.check(&key, &policy, p.hits).await {
+                Ok(v) => v,
+                // More hits than the limit can ever admit: over the limit, as upstream answers.
+                Err(LimitError::Invalid(CoreError::CostExceedsCapacity { index, .. })) => {
+                    ::metrics::counter!(names::OVER_LIMIT, &labels).increment(p.hits);
+                    if !p.shadow {
+                        overall = Code::OverLimit;
+                    }
+                    let code = if p.shadow { Code::Ok } else { Code::OverLimit };
+                    statuses.push(status(code, limited.get(index).copied(), 0, std::time::Duration::ZERO));
+                    continue;
+                }
+                Err(LimitError::Invalid(e)) => return Err(invalid(e.to_string())),
+                Err(LimitError::Unavailable(e)) => return Err(Status::unavailable(e.to_string())),
+                Err(e) => return Err(Status::internal(e.to_string())),
+            };
+            let d = &verdict.decision;
+            let binding = d.rules().iter().position(|o| o == d.binding()).unwrap_or(0);
+            let code = if verdict.allowed() { Code::Ok } else { Code::OverLimit };
+            if verdict.shadow_denied {
+                ::metrics::counter!(names::SHADOW_MODE, &labels).increment(p.hits);
+            } else if !d.allowed() {
+                ::metrics::counter!(names::OVER_LIMIT, &labels).increment(p.hits);
+            } else if d.rules().iter().any(|o| o.remaining.saturating_mul(5) < o.limit) {
+                ::metrics::counter!(names::NEAR_LIMIT, &labels).increment(p.hits);
+            } else {
+                ::metrics::counter!(names::WITHIN_LIMIT, &labels).increment(p.hits);
+            }
+            if code == Code::OverLimit {
+                overall = Code::OverLimit;
+            }
+            statuses.push(status(code, limited.get(binding).copied(), d.remaining(), d.reset_after()));
+        }
+        Ok(Response::new(RateLimitResponse { overall_code: overall as i32, statuses, ..Default::default() }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_cannot_collide_through_separators() {
+        let a = key_of("d", &[("k".into(), "a|x=b".into())]);
+        let b = key_of("d", &[("k".into(), "a".into()), ("x".into(), "b".into())]);
+        assert_ne!(a, b);
+        assert_eq!(b, "envoy:d|k=a|x=b");
+    }
+}

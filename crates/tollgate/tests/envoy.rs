@@ -1,0 +1,190 @@
+//! The Envoy rate-limit service over gRPC, called by a tonic client over loopback, configured by
+//! an envoyproxy/ratelimit-style YAML file.
+
+mod common;
+
+use common::{Tollgate, inside_window};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, rate_limit::Unit};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tonic::transport::Channel;
+
+const YAML: &str = r#"
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: path
+    value: /login
+    rate_limit: {unit: hour, requests_per_unit: 1, name: login}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: path
+    value: /health
+    rate_limit: {unit: second, unlimited: true}
+  - key: plan
+    value: trial
+    rate_limit: {unit: hour, requests_per_unit: 1}
+    shadow_mode: true
+  - key: user
+    descriptors:
+      - key: tier
+        value: gold
+        rate_limit: {unit: hour, requests_per_unit: 10, replaces: [{name: login}]}
+  - key: tenant
+    value: acme
+    rate_limits:
+      - {unit: second, requests_per_unit: 3, unit_multiplier: 3600}
+      - {unit: hour, requests_per_unit: 100, algorithm: gcra, burst: 2}
+"#;
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries.iter().map(|(k, v)| Entry { key: (*k).into(), value: (*v).into() }).collect(),
+        ..Default::default()
+    }
+}
+
+fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest { domain: "edge".into(), descriptors, hits_addend: 0 }
+}
+
+async fn start() -> (Tollgate, RateLimitServiceClient<Channel>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("edge.yaml");
+    std::fs::write(&yaml, YAML).unwrap();
+    let port = tollgate_testkit::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let server =
+        Tollgate::start("", &["--grpc-listen", &listen, "--envoy-config", yaml.to_str().unwrap()]).await;
+    let client = RateLimitServiceClient::connect(format!("http://{listen}")).await.unwrap();
+    inside_window(3600, 5).await;
+    (server, client, dir)
+}
+
+/// Codes of one request's statuses, and its overall code.
+async fn codes(client: &mut RateLimitServiceClient<Channel>, req: RateLimitRequest) -> (Code, Vec<Code>) {
+    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    (r.overall_code(), r.statuses.iter().map(|s| s.code()).collect())
+}
+
+#[tokio::test]
+async fn descriptors_match_most_specific_first_and_count_per_value() {
+    let (_server, mut client, _dir) = start().await;
+    let ip = |v: &str| request(vec![descriptor(&[("remote_address", v)])]);
+    assert_eq!(codes(&mut client, ip("10.0.0.1")).await, (Code::Ok, vec![Code::Ok]));
+    let r = client.should_rate_limit(ip("10.0.0.1")).await.unwrap().into_inner();
+    let status = &r.statuses[0];
+    assert_eq!((status.code(), status.limit_remaining), (Code::Ok, 0));
+    let limit = status.current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit()), (2, Unit::Hour));
+    let reset = status.duration_until_reset.as_ref().unwrap();
+    assert!(reset.seconds > 0 && reset.seconds <= 3600, "{reset:?}");
+    assert_eq!(codes(&mut client, ip("10.0.0.1")).await, (Code::OverLimit, vec![Code::OverLimit]));
+    assert_eq!(codes(&mut client, ip("10.0.0.2")).await.0, Code::Ok, "each value has its own count");
+
+    // Prefixes, the longest match, and no match at all (OK, no current limit).
+    let path = |p: &str| request(vec![descriptor(&[("path", p)])]);
+    let r = client.should_rate_limit(path("/api/orders")).await.unwrap().into_inner();
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 5);
+    let r = client.should_rate_limit(path("/nowhere")).await.unwrap().into_inner();
+    assert_eq!((r.overall_code(), r.statuses[0].current_limit.is_none()), (Code::Ok, true));
+    for _ in 0..5 {
+        let r = client.should_rate_limit(path("/health")).await.unwrap().into_inner();
+        assert_eq!(
+            (r.statuses[0].code(), r.statuses[0].current_limit.is_none()),
+            (Code::Ok, true),
+            "unlimited"
+        );
+    }
+}
+
+#[tokio::test]
+async fn hits_addend_overrides_shadow_mode_and_replaces() {
+    let (_server, mut client, _dir) = start().await;
+    // Request-level hits: 4 of /api's 5.
+    let mut req = request(vec![descriptor(&[("path", "/api/x")])]);
+    req.hits_addend = 4;
+    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    // Descriptor-level hits 0: a check that counts nothing.
+    let mut d = descriptor(&[("path", "/api/x")]);
+    d.hits_addend = Some(UInt64Value { value: 0 });
+    for _ in 0..3 {
+        let r = client.should_rate_limit(request(vec![d.clone()])).await.unwrap().into_inner();
+        assert_eq!((r.statuses[0].code(), r.statuses[0].limit_remaining), (Code::Ok, 1));
+    }
+    // More hits than the limit holds: over the limit.
+    let mut d = descriptor(&[("path", "/api/y")]);
+    d.hits_addend = Some(UInt64Value { value: 6 });
+    assert_eq!(codes(&mut client, request(vec![d])).await.0, Code::OverLimit);
+
+    // The request's own limit overrides the file's.
+    let mut d = descriptor(&[("remote_address", "override")]);
+    d.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: Unit::Day as i32 });
+    assert_eq!(codes(&mut client, request(vec![d.clone()])).await.0, Code::Ok);
+    let r = client.should_rate_limit(request(vec![d])).await.unwrap().into_inner();
+    assert_eq!(r.overall_code(), Code::OverLimit);
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().unit(), Unit::Day);
+
+    // Shadow mode: counted, never refusing.
+    let trial = || request(vec![descriptor(&[("plan", "trial")])]);
+    for _ in 0..3 {
+        assert_eq!(codes(&mut client, trial()).await.0, Code::Ok);
+    }
+
+    // `login` (1 an hour) is replaced by the gold tier's limit when both apply.
+    let both =
+        || request(vec![descriptor(&[("path", "/login")]), descriptor(&[("user", "u1"), ("tier", "gold")])]);
+    for _ in 0..3 {
+        let (overall, each) = codes(&mut client, both()).await;
+        assert_eq!((overall, &each[..]), (Code::Ok, &[Code::Ok, Code::Ok][..]));
+    }
+    let login = || request(vec![descriptor(&[("path", "/login")])]);
+    assert_eq!(codes(&mut client, login()).await.0, Code::Ok);
+    assert_eq!(codes(&mut client, login()).await.0, Code::OverLimit, "alone, login applies");
+
+    // Overall: over the limit when any descriptor is.
+    let mixed = request(vec![descriptor(&[("path", "/login")]), descriptor(&[("path", "/api/z")])]);
+    assert_eq!(codes(&mut client, mixed).await, (Code::OverLimit, vec![Code::OverLimit, Code::Ok]));
+}
+
+#[tokio::test]
+async fn several_limits_on_one_descriptor_are_all_or_nothing() {
+    let (_server, mut client, _dir) = start().await;
+    let acme = || request(vec![descriptor(&[("tenant", "acme")])]);
+    // GCRA 100 an hour with a burst of 2: two at once, then one every 36 s; the fixed window
+    // (3 per 3600 s) is not consumed by the refused third.
+    assert_eq!(codes(&mut client, acme()).await.0, Code::Ok);
+    assert_eq!(codes(&mut client, acme()).await.0, Code::Ok);
+    let r = client.should_rate_limit(acme()).await.unwrap().into_inner();
+    assert_eq!(r.overall_code(), Code::OverLimit);
+    let binding = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(binding.requests_per_unit, 100, "the GCRA limit refused");
+}
+
+#[tokio::test]
+async fn bad_requests_are_invalid_argument() {
+    let (_server, mut client, _dir) = start().await;
+    let mut no_domain = request(vec![descriptor(&[("k", "v")])]);
+    no_domain.domain = String::new();
+    let too_many = request((0..65).map(|i| descriptor(&[("k", &i.to_string())])).collect());
+    let no_entries = request(vec![descriptor(&[])]);
+    let long_value = request(vec![descriptor(&[("k", &"v".repeat(300))])]);
+    let mut bad_unit = descriptor(&[("k", "v")]);
+    bad_unit.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: 99 });
+    for req in [no_domain, too_many, no_entries, long_value, request(vec![bad_unit])] {
+        let err = client.should_rate_limit(req).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    }
+    // An unknown domain limits nothing.
+    let mut other = request(vec![descriptor(&[("remote_address", "x")])]);
+    other.domain = "elsewhere".into();
+    assert_eq!(codes(&mut client, other).await, (Code::Ok, vec![Code::Ok]));
+}
