@@ -37,7 +37,7 @@ use tollgate_limiter::{LimiterSettings, Policy};
 pub use spec::{
     MAX_WAIT_LIMIT, PERIODS, PolicySpec, SixPeriods, SpecError, Strategy, rule_error_field, valid_policy_name,
 };
-pub use watch::{Watcher, watch};
+pub use watch::{Watcher, watch, watch_path};
 
 /// The example configuration shipped at the repository's root, used when no file is given.
 pub const EXAMPLE_TOML: &str = include_str!("../../../tollgate.example.toml");

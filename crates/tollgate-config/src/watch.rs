@@ -41,33 +41,47 @@ pub fn watch(
 ) -> Result<Watcher, notify::Error> {
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
     let dir = path.parent().map_or_else(|| PathBuf::from("."), Path::to_owned);
+    let mut last = std::fs::read_to_string(&path).ok();
+    watch_dir(&dir, move || {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(source) => {
+                if last.take().is_some() {
+                    on_change(Err(ConfigError::Read { path: path.clone(), source }));
+                }
+                return;
+            }
+        };
+        if last.as_deref() != Some(text.as_str()) {
+            on_change(Config::from_toml(&text, &path.display().to_string()));
+            last = Some(text);
+        }
+    })
+}
+
+/// Calls `on_change` (debounced) whenever something changes in the directory `path`, or in the
+/// directory of the file `path`: for other configuration files that reload the same way (such
+/// as the Envoy service's YAML). The callback reads and compares what it needs.
+pub fn watch_path(path: &Path, on_change: impl FnMut() + Send + 'static) -> Result<Watcher, notify::Error> {
+    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    let dir =
+        if path.is_dir() { path } else { path.parent().map_or_else(|| PathBuf::from("."), Path::to_owned) };
+    watch_dir(&dir, on_change)
+}
+
+fn watch_dir(dir: &Path, mut on_change: impl FnMut() + Send + 'static) -> Result<Watcher, notify::Error> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         if event.is_ok() {
             let _ = tx.send(());
         }
     })?;
-    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
-
-    let mut last = std::fs::read_to_string(&path).ok();
+    watcher.watch(dir, RecursiveMode::NonRecursive)?;
     let task = tokio::spawn(async move {
         while rx.recv().await.is_some() {
             tokio::time::sleep(DEBOUNCE).await;
             while rx.try_recv().is_ok() {}
-            let text = match std::fs::read_to_string(&path) {
-                Ok(text) => text,
-                Err(source) => {
-                    if last.take().is_some() {
-                        on_change(Err(ConfigError::Read { path: path.clone(), source }));
-                    }
-                    continue;
-                }
-            };
-            if last.as_deref() == Some(text.as_str()) {
-                continue;
-            }
-            on_change(Config::from_toml(&text, &path.display().to_string()));
-            last = Some(text);
+            on_change();
         }
     });
     Ok(Watcher { _watcher: watcher, task })

@@ -181,6 +181,8 @@ pub struct Limit {
     pub requests_per_unit: u64,
     /// As written.
     pub unit: Unit,
+    /// The window in seconds (`unit` x `unit_multiplier`).
+    pub window_secs: u64,
     /// Names this limit replaces.
     pub replaces: Vec<String>,
 }
@@ -230,6 +232,7 @@ fn limit(path: &str, spec: &RateLimitSpec) -> Result<Limit, String> {
             rule: None,
             requests_per_unit: 0,
             unit,
+            window_secs: unit.seconds(),
             replaces: spec.replaces.iter().map(|r| r.name.clone()).collect(),
         });
     }
@@ -261,6 +264,7 @@ fn limit(path: &str, spec: &RateLimitSpec) -> Result<Limit, String> {
         rule: Some(rule),
         requests_per_unit: n,
         unit,
+        window_secs: period.as_duration().as_secs(),
         replaces: spec.replaces.iter().map(|r| r.name.clone()).collect(),
     })
 }

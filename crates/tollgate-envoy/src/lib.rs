@@ -5,6 +5,7 @@
 //! so the backend, failure policy and metrics are the HTTP API's.
 
 pub mod config;
+pub mod json;
 mod service;
 
 pub use config::{Domain, EnvoyConfigError};

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -43,6 +44,7 @@ pub mod names {
 pub struct EnvoyService {
     limiter: Limiter,
     domains: Arc<ArcSwap<BTreeMap<String, Domain>>>,
+    response_headers: bool,
 }
 
 impl std::fmt::Debug for EnvoyService {
@@ -82,7 +84,14 @@ impl EnvoyService {
     /// A service over `limiter` answering for `domains`.
     pub fn new(limiter: Limiter, domains: Vec<Domain>) -> Self {
         let map = domains.into_iter().map(|d| (d.name.clone(), d)).collect();
-        EnvoyService { limiter, domains: Arc::new(ArcSwap::from_pointee(map)) }
+        EnvoyService { limiter, domains: Arc::new(ArcSwap::from_pointee(map)), response_headers: false }
+    }
+
+    /// With `x-ratelimit-limit`, `-remaining` and `-reset` in `response_headers_to_add`, for the
+    /// most restrictive descriptor (upstream's `LIMIT_RESPONSE_HEADERS_ENABLED`).
+    pub fn with_response_headers(mut self, enabled: bool) -> Self {
+        self.response_headers = enabled;
+        self
     }
 
     /// Replaces the domains (a reload).
@@ -136,7 +145,9 @@ fn plan_one(
         let period = tollgate_core::Period::from_secs(unit.seconds()).map_err(|e| invalid(e.to_string()))?;
         let n = u64::from(o.requests_per_unit);
         let rule = (n > 0).then(|| Rule::fixed_window(n, period));
-        limits = vec![Limit { name: None, rule, requests_per_unit: n, unit, replaces: Vec::new() }];
+        let window_secs = unit.seconds();
+        limits =
+            vec![Limit { name: None, rule, requests_per_unit: n, unit, window_secs, replaces: Vec::new() }];
     }
     Ok(Planned { entries, limits, shadow, detailed, hits })
 }
@@ -164,7 +175,13 @@ impl RateLimitService for EnvoyService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let req = request.into_inner();
+        self.decide(request.into_inner()).await.map(Response::new)
+    }
+}
+
+impl EnvoyService {
+    /// Decides one `ShouldRateLimit` request (the gRPC method, and `POST /json`).
+    pub async fn decide(&self, req: RateLimitRequest) -> Result<RateLimitResponse, Status> {
         let mut planned = self.plan(&req)?;
         // `replaces`: a named limit is dropped when another limit of this request replaces it.
         let replaced: HashSet<String> =
@@ -175,6 +192,8 @@ impl RateLimitService for EnvoyService {
 
         let mut overall = Code::Ok;
         let mut statuses = Vec::with_capacity(planned.len());
+        // Each status's window in seconds (0 when it has no limit), for the response headers.
+        let mut windows = Vec::with_capacity(planned.len());
         for p in &planned {
             let label = match p.detailed {
                 true => p.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect::<Vec<_>>().join("."),
@@ -185,6 +204,7 @@ impl RateLimitService for EnvoyService {
             if rules.is_empty() {
                 // No limit, or only unlimited ones: OK, uncounted, no current limit (as upstream).
                 statuses.push(status(Code::Ok, None, 0, std::time::Duration::ZERO));
+                windows.push(0);
                 continue;
             }
             ::metrics::counter!(names::TOTAL_HITS, &labels).increment(p.hits);
@@ -202,7 +222,9 @@ impl RateLimitService for EnvoyService {
                         overall = Code::OverLimit;
                     }
                     let code = if p.shadow { Code::Ok } else { Code::OverLimit };
-                    statuses.push(status(code, limited.get(index).copied(), 0, std::time::Duration::ZERO));
+                    let limit = limited.get(index).copied();
+                    statuses.push(status(code, limit, 0, std::time::Duration::ZERO));
+                    windows.push(limit.map_or(0, |l| l.window_secs));
                     continue;
                 }
                 Err(LimitError::Invalid(e)) => return Err(invalid(e.to_string())),
@@ -224,10 +246,40 @@ impl RateLimitService for EnvoyService {
             if code == Code::OverLimit {
                 overall = Code::OverLimit;
             }
-            statuses.push(status(code, limited.get(binding).copied(), d.remaining(), d.reset_after()));
+            let limit = limited.get(binding).copied();
+            statuses.push(status(code, limit, d.remaining(), d.reset_after()));
+            windows.push(limit.map_or(0, |l| l.window_secs));
         }
-        Ok(Response::new(RateLimitResponse { overall_code: overall as i32, statuses, ..Default::default() }))
+        let headers = if self.response_headers { response_headers(&statuses, &windows) } else { Vec::new() };
+        Ok(RateLimitResponse {
+            overall_code: overall as i32,
+            statuses,
+            response_headers_to_add: headers,
+            ..Default::default()
+        })
     }
+}
+
+/// Upstream's headers for the most restrictive limited descriptor (the fewest remaining):
+/// `x-ratelimit-limit: 10, 10;w=60`, `x-ratelimit-remaining`, `x-ratelimit-reset` (seconds,
+/// rounded up).
+fn response_headers(statuses: &[DescriptorStatus], windows: &[u64]) -> Vec<HeaderValue> {
+    let Some((s, window)) = statuses
+        .iter()
+        .zip(windows)
+        .filter(|(s, _)| s.current_limit.is_some())
+        .min_by_key(|(s, _)| s.limit_remaining)
+    else {
+        return Vec::new();
+    };
+    let limit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
+    let reset = s.duration_until_reset.as_ref().map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
+    let header = |key: &str, value: String| HeaderValue { key: key.to_owned(), value, raw_value: Vec::new() };
+    vec![
+        header("x-ratelimit-limit", format!("{limit}, {limit};w={window}")),
+        header("x-ratelimit-remaining", s.limit_remaining.to_string()),
+        header("x-ratelimit-reset", reset.to_string()),
+    ]
 }
 
 #[cfg(test)]

@@ -60,6 +60,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(openapi))
+        .route("/json", post(ops::envoy_json))
         .route("/v1/admin/policies", get(admin::list_policies).post(admin::create_policy))
         .route(
             "/v1/admin/policies/{name}",

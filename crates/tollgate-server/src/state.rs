@@ -25,6 +25,7 @@ pub struct AppState {
     pub(crate) store: Option<Store>,
     pub(crate) stored: Arc<ArcSwap<StoredPolicies>>,
     pub(crate) consumers: Arc<ArcSwap<StoredConsumers>>,
+    pub(crate) envoy: Option<tollgate_envoy::EnvoyService>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -65,7 +66,14 @@ impl AppState {
             store: None,
             stored: Arc::default(),
             consumers: Arc::default(),
+            envoy: None,
         }
+    }
+
+    /// This state answering `POST /json` (the Envoy service's request as JSON) with `envoy`.
+    pub fn with_envoy(mut self, envoy: tollgate_envoy::EnvoyService) -> Self {
+        self.envoy = Some(envoy);
+        self
     }
 
     /// This state with a policy database: its enabled policies are served beside the file's,

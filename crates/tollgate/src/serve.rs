@@ -151,12 +151,34 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => tollgate_envoy::load(path)?,
         None => Vec::new(),
     };
-    let envoy = tollgate_envoy::EnvoyService::new(state.limiter().clone(), domains);
+    let envoy = tollgate_envoy::EnvoyService::new(state.limiter().clone(), domains)
+        .with_response_headers(args.envoy_response_headers);
+    let state = state.with_envoy(envoy.clone());
+    let _envoy_watcher = match &args.envoy_config {
+        Some(path) => {
+            let (path, service) = (path.clone(), envoy.clone());
+            let watcher = tollgate_config::watch_path(&path.clone(), move || match tollgate_envoy::load(&path) {
+                Ok(domains) => {
+                    let names: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
+                    tracing::info!(domains = ?names, "Envoy configuration reloaded");
+                    service.replace_domains(domains);
+                }
+                Err(e) => tracing::error!(error = %e, "Envoy configuration reload refused; the last good one stays"),
+            })
+            .context("cannot watch the Envoy configuration")?;
+            Some(watcher)
+        }
+        None => None,
+    };
     let grpc_listener = tokio::net::TcpListener::bind(args.grpc_listen)
         .await
         .with_context(|| format!("cannot listen on {} (gRPC)", args.grpc_listen))?;
     tracing::info!(address = %grpc_listener.local_addr()?, "Envoy rate-limit service (gRPC) is listening");
+    // The standard gRPC health service: SERVING for "" and for the rate-limit service.
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<tollgate_envoy::RateLimitServiceServer<tollgate_envoy::EnvoyService>>().await;
     let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
         .add_service(tollgate_envoy::RateLimitServiceServer::new(envoy))
         .serve_with_incoming(
             tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),

@@ -188,3 +188,138 @@ async fn bad_requests_are_invalid_argument() {
     other.domain = "elsewhere".into();
     assert_eq!(codes(&mut client, other).await, (Code::Ok, vec![Code::Ok]));
 }
+
+#[tokio::test]
+async fn the_standard_health_service_answers_serving() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let port = tollgate_testkit::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let _server = Tollgate::start("", &["--grpc-listen", &listen]).await;
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{listen}")).unwrap().connect().await.unwrap();
+    let mut health = HealthClient::new(channel);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let r = health.check(HealthCheckRequest { service: service.into() }).await.unwrap().into_inner();
+        assert_eq!(r.status(), ServingStatus::Serving, "{service:?}");
+    }
+    let unknown = health.check(HealthCheckRequest { service: "nope".into() }).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test]
+async fn the_yaml_is_reloaded_and_a_broken_one_refused() {
+    let (server, mut client, dir) = start().await;
+    let yaml = dir.path().join("edge.yaml");
+    let one = || request(vec![descriptor(&[("reloaded", "x")])]);
+    assert_eq!(codes(&mut client, one()).await.0, Code::Ok);
+    let limited =
+        "domain: edge\ndescriptors:\n  - key: reloaded\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    std::fs::write(dir.path().join("edge.yaml.new"), limited).unwrap();
+    std::fs::rename(dir.path().join("edge.yaml.new"), &yaml).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let r = client.should_rate_limit(one()).await.unwrap().into_inner();
+        if r.statuses[0].current_limit.is_some() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not reloaded:\n{}", server.logs());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(codes(&mut client, one()).await.0, Code::OverLimit);
+
+    std::fs::write(
+        &yaml,
+        "domain: edge\ndescriptors:\n  - key: reloaded\n    rate_limit: {unit: fortnight}\n",
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !server.logs().contains("Envoy configuration reload refused") {
+        assert!(std::time::Instant::now() < deadline, "{}", server.logs());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(codes(&mut client, one()).await.0, Code::OverLimit, "the last good configuration stays");
+}
+
+#[tokio::test]
+async fn response_headers_report_the_most_restrictive_descriptor_when_enabled() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("edge.yaml");
+    std::fs::write(&yaml, YAML).unwrap();
+    let listen = format!("127.0.0.1:{}", tollgate_testkit::free_port());
+    let args = [
+        "--grpc-listen",
+        listen.as_str(),
+        "--envoy-config",
+        yaml.to_str().unwrap(),
+        "--envoy-response-headers",
+    ];
+    let _server = Tollgate::start("", &args).await;
+    let mut client = RateLimitServiceClient::connect(format!("http://{listen}")).await.unwrap();
+    inside_window(3600, 5).await;
+    let req = request(vec![descriptor(&[("path", "/api/h")]), descriptor(&[("remote_address", "h")])]);
+    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    let headers: Vec<(String, String)> =
+        r.response_headers_to_add.iter().map(|h| (h.key.clone(), h.value.clone())).collect();
+    assert_eq!(
+        headers[0],
+        ("x-ratelimit-limit".to_owned(), "2, 2;w=3600".to_owned()),
+        "remote_address has 1 left of 2"
+    );
+    assert_eq!(headers[1], ("x-ratelimit-remaining".to_owned(), "1".to_owned()));
+    let reset: u64 = headers[2].1.parse().unwrap();
+    assert!(headers[2].0 == "x-ratelimit-reset" && (1..=3600).contains(&reset));
+    // Off by default.
+    let (_plain, mut plain_client, _d) = start().await;
+    let r = plain_client
+        .should_rate_limit(request(vec![descriptor(&[("path", "/api/h")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.response_headers_to_add.is_empty());
+}
+
+#[tokio::test]
+async fn post_json_speaks_the_same_request() {
+    let (server, _client, _dir) = start().await;
+    let body = serde_json::json!({"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "j"}]}]});
+    let r = server.post("/json", &body).await;
+    assert_eq!(r.status(), 200);
+    let answer: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(answer["overallCode"], "OK");
+    assert_eq!(
+        answer["statuses"][0]["currentLimit"],
+        serde_json::json!({"requestsPerUnit": 2, "unit": "HOUR"})
+    );
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 1);
+    assert!(answer["statuses"][0]["durationUntilReset"].as_str().unwrap().ends_with('s'));
+    server.post("/json", &body).await;
+    let r = server.post("/json", &body).await;
+    assert_eq!(r.status(), 429);
+    let answer: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        (answer["overallCode"].as_str(), answer["statuses"][0]["code"].as_str()),
+        (Some("OVER_LIMIT"), Some("OVER_LIMIT"))
+    );
+
+    // Overrides and hits by the same names; mistakes are problems.
+    let over = serde_json::json!({"domain": "edge", "descriptors": [{"entries": [{"key": "k", "value": "v"}],
+        "limit": {"requestsPerUnit": 1, "unit": "MINUTE"}, "hitsAddend": 2}]});
+    assert_eq!(server.post("/json", &over).await.status(), 429, "2 hits against 1 a minute");
+    for (bad, field) in [
+        (serde_json::json!({"domain": "edge", "descriptors": [{"entries": []}]}), "descriptors"),
+        (
+            serde_json::json!({"domain": "edge", "descriptors": [{"entries": [{"key": "k"}], "limit": {"requestsPerUnit": 1, "unit": "FORTNIGHT"}}]}),
+            "descriptors",
+        ),
+        (serde_json::json!({"domain": "edge", "colour": 1}), "colour"),
+        (serde_json::json!({"descriptors": []}), "domain"),
+    ] {
+        let r = server.post("/json", &bad).await;
+        assert_eq!(r.status(), 400, "{bad}");
+        let problem: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(problem["field"], field, "{bad}: {problem}");
+    }
+}

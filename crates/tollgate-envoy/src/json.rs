@@ -1,0 +1,154 @@
+//! The JSON form of `ShouldRateLimit`, as upstream's `POST /json` speaks it (protobuf's JSON
+//! mapping: camelCase fields, enums by name, durations as `"12.5s"`; snake_case field names are
+//! accepted too).
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, rate_limit::Unit as ProtoUnit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use serde::{Deserialize, Serialize};
+
+/// A request entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonEntry {
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+/// A per-descriptor limit override.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JsonOverride {
+    #[serde(alias = "requests_per_unit")]
+    requests_per_unit: u32,
+    unit: String,
+}
+
+/// A request descriptor.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JsonDescriptor {
+    entries: Vec<JsonEntry>,
+    #[serde(default)]
+    limit: Option<JsonOverride>,
+    #[serde(default, alias = "hits_addend")]
+    hits_addend: Option<u64>,
+}
+
+/// `POST /json` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JsonRequest {
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<JsonDescriptor>,
+    #[serde(default, alias = "hits_addend")]
+    hits_addend: u32,
+}
+
+fn unit_number(name: &str) -> i32 {
+    ProtoUnit::from_str_name(&name.to_ascii_uppercase()).map_or(-1, |u| u as i32)
+}
+
+impl From<JsonRequest> for RateLimitRequest {
+    fn from(r: JsonRequest) -> Self {
+        RateLimitRequest {
+            domain: r.domain,
+            hits_addend: r.hits_addend,
+            descriptors: r
+                .descriptors
+                .into_iter()
+                .map(|d| RateLimitDescriptor {
+                    entries: d.entries.into_iter().map(|e| Entry { key: e.key, value: e.value }).collect(),
+                    limit: d.limit.map(|l| RateLimitOverride {
+                        requests_per_unit: l.requests_per_unit,
+                        unit: unit_number(&l.unit),
+                    }),
+                    hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A status's limit.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JsonLimit {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    name: String,
+    requests_per_unit: u32,
+    unit: &'static str,
+}
+
+/// One descriptor's status.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JsonStatus {
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_limit: Option<JsonLimit>,
+    limit_remaining: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_until_reset: Option<String>,
+}
+
+/// A response header to add.
+#[derive(Debug, Serialize)]
+pub struct JsonHeader {
+    key: String,
+    value: String,
+}
+
+/// `POST /json` answer.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JsonResponse {
+    /// `OK` or `OVER_LIMIT`.
+    pub overall_code: &'static str,
+    statuses: Vec<JsonStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    response_headers_to_add: Vec<JsonHeader>,
+}
+
+impl From<RateLimitResponse> for JsonResponse {
+    fn from(r: RateLimitResponse) -> Self {
+        let code = |c: i32| Code::try_from(c).unwrap_or(Code::Unknown).as_str_name();
+        JsonResponse {
+            overall_code: code(r.overall_code),
+            statuses: r
+                .statuses
+                .into_iter()
+                .map(|s| JsonStatus {
+                    code: code(s.code),
+                    current_limit: s.current_limit.map(|l| JsonLimit {
+                        name: l.name,
+                        requests_per_unit: l.requests_per_unit,
+                        unit: ProtoUnit::try_from(l.unit).unwrap_or(ProtoUnit::Unknown).as_str_name(),
+                    }),
+                    limit_remaining: s.limit_remaining,
+                    duration_until_reset: s.duration_until_reset.map(|d| {
+                        if d.nanos == 0 {
+                            format!("{}s", d.seconds)
+                        } else {
+                            format!("{}.{:09}s", d.seconds, d.nanos).trim_end_matches('0').to_owned()
+                        }
+                    }),
+                })
+                .collect(),
+            response_headers_to_add: r
+                .response_headers_to_add
+                .into_iter()
+                .map(|h| JsonHeader { key: h.key, value: h.value })
+                .collect(),
+        }
+    }
+}
