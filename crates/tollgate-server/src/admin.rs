@@ -190,6 +190,7 @@ async fn refresh(state: &AppState) {
 }
 
 /// `GET /v1/admin/policies`: file and stored policies the token may see, by name.
+#[utoipa::path(get, path = "/v1/admin/policies", tag = "management", params(("after" = Option<String>, Query, description = "Cursor: the previous page's `next`"), ("limit" = Option<u32>, Query, description = "1 to 200, default 50")), responses((status = 200, description = "File and database policies the token may see, by name: `items`, `next`"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn list_policies(
     State(state): State<AppState>,
     caller: Caller,
@@ -221,6 +222,7 @@ pub async fn list_policies(
 }
 
 /// `GET /v1/admin/policies/{name}`.
+#[utoipa::path(get, path = "/v1/admin/policies/{name}", tag = "management", params(("name" = String, Path)), responses((status = 200, description = "The policy, with `ETag: \"<version>\"`"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn get_policy(
     State(state): State<AppState>,
     caller: Caller,
@@ -238,6 +240,7 @@ pub async fn get_policy(
 }
 
 /// `POST /v1/admin/policies` with `{"name": ..., rules, ...}`.
+#[utoipa::path(post, path = "/v1/admin/policies", tag = "management", request_body(content = Object, description = "`name`, `rules`, `description`, `mode`, `on_limit`, `max_wait`, `apps`, `enabled`"), responses((status = 201, description = "Created, with ETag and Location"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 409, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn create_policy(
     State(state): State<AppState>,
     caller: Caller,
@@ -264,6 +267,7 @@ pub async fn create_policy(
 }
 
 /// `PUT /v1/admin/policies/{name}`, with `If-Match: "<version>"` for optimistic concurrency.
+#[utoipa::path(put, path = "/v1/admin/policies/{name}", tag = "management", params(("name" = String, Path), ("If-Match" = Option<String>, Header, description = "The version from the ETag")), request_body(content = Object, description = "As for creation, without `name`"), responses((status = 200, description = "Updated, with the new ETag"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, body = Problem, content_type = "application/problem+json"), (status = 412, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn update_policy(
     State(state): State<AppState>,
     caller: Caller,
@@ -291,6 +295,7 @@ pub async fn update_policy(
 }
 
 /// `DELETE /v1/admin/policies/{name}`, with an optional `If-Match`.
+#[utoipa::path(delete, path = "/v1/admin/policies/{name}", tag = "management", params(("name" = String, Path), ("If-Match" = Option<String>, Header)), responses((status = 204, description = "Deleted"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, body = Problem, content_type = "application/problem+json"), (status = 412, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn delete_policy(
     State(state): State<AppState>,
     caller: Caller,
@@ -330,6 +335,7 @@ pub struct CreatedToken {
 }
 
 /// `GET /v1/admin/tokens` (admin): the tokens within the caller's apps.
+#[utoipa::path(get, path = "/v1/admin/tokens", tag = "management", params(("after" = Option<String>, Query, description = "Cursor: the previous page's `next`"), ("limit" = Option<u32>, Query, description = "1 to 200, default 50")), responses((status = 200, description = "Tokens within the caller's apps (admin)"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn list_tokens(
     caller: Caller,
     Query(query): Query<PageQuery>,
@@ -351,6 +357,7 @@ pub async fn list_tokens(
 }
 
 /// `POST /v1/admin/tokens` (admin): answers the secret once.
+#[utoipa::path(post, path = "/v1/admin/tokens", tag = "management", request_body(content = Object, description = "`name`, `role` (viewer, editor, admin), `apps`"), responses((status = 201, description = "The token and its `secret`, shown once"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 409, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn create_token(caller: Caller, ApiJson(new): ApiJson<NewToken>) -> Result<Response, Problem> {
     caller.require(Role::Admin)?;
     caller.may_change(&format!("token {:?}", new.name), new.apps.as_deref().unwrap_or_default())?;
@@ -363,6 +370,7 @@ pub async fn create_token(caller: Caller, ApiJson(new): ApiJson<NewToken>) -> Re
 }
 
 /// `DELETE /v1/admin/tokens/{name}` (admin).
+#[utoipa::path(delete, path = "/v1/admin/tokens/{name}", tag = "management", params(("name" = String, Path)), responses((status = 204, description = "Revoked"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn delete_token(caller: Caller, Path(name): Path<String>) -> Result<StatusCode, Problem> {
     caller.require(Role::Admin)?;
     let all = caller.store.list_tokens(&Page { after: None, limit: Some(tollgate_store::MAX_PAGE) });
@@ -376,6 +384,7 @@ pub async fn delete_token(caller: Caller, Path(name): Path<String>) -> Result<St
 
 /// `GET /v1/admin/audit`: changes, newest first; policy changes the token may see, and token
 /// changes for admins.
+#[utoipa::path(get, path = "/v1/admin/audit", tag = "management", params(("after" = Option<String>, Query, description = "Cursor: the previous page's `next`"), ("limit" = Option<u32>, Query, description = "1 to 200, default 50")), responses((status = 200, description = "Changes, newest first: `at`, `actor`, `action`, `kind`, `subject`, `before`, `after`"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn audit(caller: Caller, Query(query): Query<PageQuery>) -> Result<Json<List<Value>>, Problem> {
     caller.require(Role::Viewer)?;
     let page = Page::from(query);
@@ -411,6 +420,7 @@ fn limit_response(status: StatusCode, record: ConsumerLimit) -> Response {
 }
 
 /// `GET /v1/admin/consumers/{consumer}/limits`.
+#[utoipa::path(get, path = "/v1/admin/consumers/{consumer}/limits", tag = "management", params(("consumer" = String, Path)), responses((status = 200, description = "The consumer's limit records"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn list_consumer_limits(
     caller: Caller,
     Path(consumer): Path<String>,
@@ -421,6 +431,7 @@ pub async fn list_consumer_limits(
 }
 
 /// `POST /v1/admin/consumers/{consumer}/limits`: a new limit record.
+#[utoipa::path(post, path = "/v1/admin/consumers/{consumer}/limits", tag = "management", params(("consumer" = String, Path)), request_body(content = Object, description = "`per_second` .. `per_month` (-1 unlimited), `scope`, `from`, `to`"), responses((status = 201, description = "Created"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn create_consumer_limit(
     State(state): State<AppState>,
     caller: Caller,
@@ -445,6 +456,7 @@ pub async fn create_consumer_limit(
 }
 
 /// `PUT /v1/admin/consumers/{consumer}/limits/{id}`, with an optional `If-Match`.
+#[utoipa::path(put, path = "/v1/admin/consumers/{consumer}/limits/{id}", tag = "management", params(("consumer" = String, Path), ("id" = String, Path), ("If-Match" = Option<String>, Header)), request_body(content = Object), responses((status = 200, description = "Updated"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 412, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn update_consumer_limit(
     State(state): State<AppState>,
     caller: Caller,
@@ -465,6 +477,7 @@ pub async fn update_consumer_limit(
 }
 
 /// `DELETE /v1/admin/consumers/{consumer}/limits/{id}`, with an optional `If-Match`.
+#[utoipa::path(delete, path = "/v1/admin/consumers/{consumer}/limits/{id}", tag = "management", params(("consumer" = String, Path), ("id" = String, Path), ("If-Match" = Option<String>, Header)), responses((status = 204, description = "Deleted"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 412, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn delete_consumer_limit(
     State(state): State<AppState>,
     caller: Caller,

@@ -163,6 +163,7 @@ pub struct CallLimits {
 }
 
 /// A consumer's configured limits and live usage (any token role).
+#[utoipa::path(get, path = "/v1/consumers/{consumer}/call-limits", params(("consumer" = String, Path)), responses((status = 200, description = "`limits` and per period `calls_made`, `reset_in_seconds`"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json")))]
 pub async fn call_limits(
     State(state): State<AppState>,
     caller: Caller,

@@ -7,6 +7,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tollgate_limiter::BreakerState;
 use tonic::Code as tonic_code;
+
+use crate::problem::Problem;
 use utoipa::ToSchema;
 
 use crate::state::AppState;
@@ -95,11 +97,11 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 
 /// `POST /json`: the Envoy rate-limit service's request and answer as JSON (upstream's
 /// endpoint): 200 when every descriptor is OK, 429 when one is over its limit.
+#[utoipa::path(post, path = "/json", request_body(content = Object, description = "Envoy's RateLimitRequest in protobuf's JSON mapping"), responses((status = 200, description = "Every descriptor OK: RateLimitResponse as JSON"), (status = 429, description = "A descriptor over its limit"), (status = 400, body = Problem, content_type = "application/problem+json")))]
 pub async fn envoy_json(
     State(state): State<AppState>,
     crate::problem::ApiJson(req): crate::problem::ApiJson<tollgate_envoy::json::JsonRequest>,
-) -> Result<Response, crate::problem::Problem> {
-    use crate::problem::Problem;
+) -> Result<Response, Problem> {
     let Some(envoy) = &state.envoy else {
         return Err(Problem::not_found("/json (no Envoy service in this server)"));
     };
