@@ -55,7 +55,7 @@ fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
     RateLimitRequest { domain: "edge".into(), descriptors, hits_addend: 0 }
 }
 
-async fn start() -> (Tollgate, RateLimitServiceClient<Channel>, tempfile::TempDir) {
+async fn start() -> (Tollgate, RateLimitServiceClient<Channel>, tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
     let yaml = dir.path().join("edge.yaml");
     std::fs::write(&yaml, YAML).unwrap();
@@ -65,7 +65,7 @@ async fn start() -> (Tollgate, RateLimitServiceClient<Channel>, tempfile::TempDi
         Tollgate::start("", &["--grpc-listen", &listen, "--envoy-config", yaml.to_str().unwrap()]).await;
     let client = RateLimitServiceClient::connect(format!("http://{listen}")).await.unwrap();
     inside_window(3600, 5).await;
-    (server, client, dir)
+    (server, client, dir, listen)
 }
 
 /// Codes of one request's statuses, and its overall code.
@@ -76,7 +76,7 @@ async fn codes(client: &mut RateLimitServiceClient<Channel>, req: RateLimitReque
 
 #[tokio::test]
 async fn descriptors_match_most_specific_first_and_count_per_value() {
-    let (_server, mut client, _dir) = start().await;
+    let (_server, mut client, _dir, _) = start().await;
     let ip = |v: &str| request(vec![descriptor(&[("remote_address", v)])]);
     assert_eq!(codes(&mut client, ip("10.0.0.1")).await, (Code::Ok, vec![Code::Ok]));
     let r = client.should_rate_limit(ip("10.0.0.1")).await.unwrap().into_inner();
@@ -107,7 +107,7 @@ async fn descriptors_match_most_specific_first_and_count_per_value() {
 
 #[tokio::test]
 async fn hits_addend_overrides_shadow_mode_and_replaces() {
-    let (_server, mut client, _dir) = start().await;
+    let (_server, mut client, _dir, _) = start().await;
     // Request-level hits: 4 of /api's 5.
     let mut req = request(vec![descriptor(&[("path", "/api/x")])]);
     req.hits_addend = 4;
@@ -157,7 +157,7 @@ async fn hits_addend_overrides_shadow_mode_and_replaces() {
 
 #[tokio::test]
 async fn several_limits_on_one_descriptor_are_all_or_nothing() {
-    let (_server, mut client, _dir) = start().await;
+    let (_server, mut client, _dir, _) = start().await;
     let acme = || request(vec![descriptor(&[("tenant", "acme")])]);
     // GCRA 100 an hour with a burst of 2: two at once, then one every 36 s; the fixed window
     // (3 per 3600 s) is not consumed by the refused third.
@@ -171,7 +171,7 @@ async fn several_limits_on_one_descriptor_are_all_or_nothing() {
 
 #[tokio::test]
 async fn bad_requests_are_invalid_argument() {
-    let (_server, mut client, _dir) = start().await;
+    let (_server, mut client, _dir, _) = start().await;
     let mut no_domain = request(vec![descriptor(&[("k", "v")])]);
     no_domain.domain = String::new();
     let too_many = request((0..65).map(|i| descriptor(&[("k", &i.to_string())])).collect());
@@ -211,7 +211,7 @@ async fn the_standard_health_service_answers_serving() {
 
 #[tokio::test]
 async fn the_yaml_is_reloaded_and_a_broken_one_refused() {
-    let (server, mut client, dir) = start().await;
+    let (server, mut client, dir, _) = start().await;
     let yaml = dir.path().join("edge.yaml");
     let one = || request(vec![descriptor(&[("reloaded", "x")])]);
     assert_eq!(codes(&mut client, one()).await.0, Code::Ok);
@@ -272,7 +272,7 @@ async fn response_headers_report_the_most_restrictive_descriptor_when_enabled() 
     let reset: u64 = headers[2].1.parse().unwrap();
     assert!(headers[2].0 == "x-ratelimit-reset" && (1..=3600).contains(&reset));
     // Off by default.
-    let (_plain, mut plain_client, _d) = start().await;
+    let (_plain, mut plain_client, _d, _) = start().await;
     let r = plain_client
         .should_rate_limit(request(vec![descriptor(&[("path", "/api/h")])]))
         .await
@@ -283,7 +283,7 @@ async fn response_headers_report_the_most_restrictive_descriptor_when_enabled() 
 
 #[tokio::test]
 async fn post_json_speaks_the_same_request() {
-    let (server, _client, _dir) = start().await;
+    let (server, _client, _dir, _) = start().await;
     let body = serde_json::json!({"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "j"}]}]});
     let r = server.post("/json", &body).await;
     assert_eq!(r.status(), 200);
@@ -322,4 +322,55 @@ async fn post_json_speaks_the_same_request() {
         let problem: serde_json::Value = r.json().await.unwrap();
         assert_eq!(problem["field"], field, "{bad}: {problem}");
     }
+}
+
+/// The envoy-types crate's proto directory, from the cargo registry it was built from.
+fn proto_dir() -> std::path::PathBuf {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cargo"));
+    let registry = home.join("registry").join("src");
+    let mut found: Vec<std::path::PathBuf> = std::fs::read_dir(&registry)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|index| std::fs::read_dir(index.path()).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("envoy-types-")))
+        .map(|p| p.join("proto"))
+        .filter(|p| p.is_dir())
+        .collect();
+    found.sort();
+    found.pop().unwrap_or_else(|| panic!("no envoy-types protos under {}", registry.display()))
+}
+
+#[tokio::test]
+async fn a_python_grpcio_client_speaks_the_same_wire() {
+    // Debian's python3 with python3-grpcio and python3-grpc-tools (scripts/test installs them).
+    let python = "/usr/bin/python3";
+    let probe = std::process::Command::new(python).args(["-c", "import grpc, grpc_tools"]).output();
+    assert!(
+        probe.is_ok_and(|o| o.status.success()),
+        "this test needs Python's grpcio and grpc-tools{}: apt-get install python3-grpcio python3-grpc-tools, \
+         or run scripts/test, which does",
+        if std::env::var("CI").as_deref() == Ok("true") { " (CI=true)" } else { "" }
+    );
+    let (_server, _client, dir, listen) = start().await;
+    let out = dir.path().join("py");
+    std::fs::create_dir_all(&out).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/envoy_wire.py");
+    let result = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .arg(proto_dir())
+            .arg(&listen)
+            .arg(&out)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(result.status.success() && stdout.trim() == "ok", "python client:\n{stdout}\n{stderr}");
 }
