@@ -4,6 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::{Arc, LazyLock};
+
+use dashmap::DashMap;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -36,17 +39,28 @@ fn limits_of(state: &AppState, consumer: &str, scope: Option<&str>) -> [Option<u
     aggregate(records, now_ms(), scope, state.config().consumers.defaults)
 }
 
-/// The consumer's rules: one clock-aligned fixed window per limited period, named after it.
-/// `None` when every period is unlimited.
-fn consumer_policy(limits: [Option<u64>; 6]) -> Option<Policy> {
+/// The rules of limits over the six periods, reported as policy `name`: one clock-aligned fixed
+/// window per limited period, named after it. `None` when every period is unlimited. Compiled once per distinct set of limits (consumers
+/// share a handful), not on every check.
+fn consumer_policy(name: &'static str, limits: [Option<u64>; 6]) -> Option<Arc<Policy>> {
+    type Key = (&'static str, [Option<u64>; 6]);
+    static COMPILED: LazyLock<DashMap<Key, Arc<Policy>>> = LazyLock::new(DashMap::new);
+    if let Some(policy) = COMPILED.get(&(name, limits)) {
+        return Some(Arc::clone(&policy));
+    }
     let rules: Vec<Rule> = PERIODS
         .iter()
         .zip(limits)
         .filter_map(|((name, period), limit)| Some(Rule::fixed_window(limit?, *period).named(*name)))
         .collect();
     // Counts are capped at MAX_COUNT by the aggregation and periods are fixed: always valid.
-    let rules = RuleSet::new(rules).ok()?;
-    Some(Policy::enforce(CONSUMER_POLICY, rules))
+    let policy = Arc::new(Policy::enforce(name, RuleSet::new(rules).ok()?));
+    // Bounded: distinct limit sets are few; if records make them many, start over.
+    if COMPILED.len() >= 4096 {
+        COMPILED.clear();
+    }
+    COMPILED.insert((name, limits), Arc::clone(&policy));
+    Some(policy)
 }
 
 /// "second", "minute", ... for a period of [`PERIODS`].
@@ -112,7 +126,7 @@ pub(crate) async fn check_consumer(
     if let Some(scope) = scope {
         validate_consumer_id("scope", scope).map_err(|e| Problem::invalid("scope", e.to_string()))?;
     }
-    let Some(policy) = consumer_policy(limits_of(state, consumer, scope)) else {
+    let Some(policy) = consumer_policy(CONSUMER_POLICY, limits_of(state, consumer, scope)) else {
         let body = Unlimited {
             allowed: true,
             limit: None,
@@ -134,9 +148,8 @@ pub(crate) async fn check_anonymous(state: &AppState, ip: &str, cost: u64) -> Re
         .parse()
         .map_err(|_| Problem::invalid("anonymous_ip", format!("{ip:?} is not an IPv4 or IPv6 address")))?;
     let per_hour = state.config().consumers.anonymous_per_hour;
-    let rules = RuleSet::new([Rule::fixed_window(per_hour, Period::HOUR).named("per_hour")])
-        .map_err(|e| Problem::invalid("anonymous_ip", e.to_string()))?;
-    let policy = Policy::enforce(ANONYMOUS_POLICY, rules);
+    let hourly = [None, None, Some(per_hour), None, None, None];
+    let policy = consumer_policy(ANONYMOUS_POLICY, hourly).ok_or_else(Problem::internal)?;
     decide(state, &format!("anonymous:{ip}"), &policy, cost, "from an anonymous caller").await
 }
 
@@ -183,7 +196,7 @@ pub async fn call_limits(
         body.limits.insert(*name, limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX)));
         body.current_state.insert(*name, unlimited());
     }
-    if let Some(policy) = consumer_policy(limits) {
+    if let Some(policy) = consumer_policy(CONSUMER_POLICY, limits) {
         let verdict = state
             .limiter
             .peek(&format!("consumer:{consumer}"), &policy.rules)

@@ -223,9 +223,9 @@ impl Store {
         id: &str,
         if_version: Option<i64>,
     ) -> Result<ConsumerLimit, StoreError> {
-        let lock = if self.driver == crate::Driver::Postgres { " FOR UPDATE" } else { "" };
         let row = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM consumer_limits WHERE consumer_id = $1 AND id = $2{lock}"
+            "SELECT {COLUMNS} FROM consumer_limits WHERE consumer_id = $1 AND id = $2{}",
+            self.row_lock()
         ))
         .bind(consumer_id)
         .bind(id)
@@ -235,11 +235,7 @@ impl Store {
             Some(row) => ConsumerLimit::from_row(&row)?,
             None => return Err(StoreError::NotFound { kind: "consumer limit", name: id.to_owned() }),
         };
-        if let Some(expected) = if_version
-            && expected != current.version
-        {
-            return Err(StoreError::Stale { expected, current: current.version });
-        }
+        crate::expect_version(if_version, current.version)?;
         Ok(current)
     }
 

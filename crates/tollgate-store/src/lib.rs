@@ -153,6 +153,13 @@ impl Store {
         Ok(())
     }
 
+    /// `FOR UPDATE` where the database has row locks (PostgreSQL); SQLite has one writer at a
+    /// time anyway. Reads before a versioned write use it, and the write repeats the version in
+    /// its WHERE, so no concurrent writer slips in between.
+    pub(crate) fn row_lock(&self) -> &'static str {
+        if self.driver == Driver::Postgres { " FOR UPDATE" } else { "" }
+    }
+
     pub(crate) async fn begin(&self) -> Result<Transaction<'static, Any>, StoreError> {
         Ok(self.pool.begin().await?)
     }
@@ -164,5 +171,13 @@ impl Store {
     ) -> Result<(), StoreError> {
         sqlx::query("UPDATE revision SET revision = revision + 1 WHERE id = 1").execute(&mut **tx).await?;
         audit::record(tx, entry).await
+    }
+}
+
+/// Checks an `If-Match` version against the stored one.
+pub(crate) fn expect_version(if_version: Option<i64>, current: i64) -> Result<(), StoreError> {
+    match if_version {
+        Some(expected) if expected != current => Err(StoreError::Stale { expected, current }),
+        _ => Ok(()),
     }
 }

@@ -283,17 +283,15 @@ impl Store {
         Ok(())
     }
 
-    /// The current row, inside the transaction, checked against the expected version. The
-    /// write that follows repeats the version in its WHERE, so a concurrent writer cannot slip
-    /// in between (PostgreSQL row lock by `FOR UPDATE`; SQLite has one writer at a time).
+    /// The current row, inside the transaction (see [`Store::row_lock`]), checked against the
+    /// expected version.
     async fn locked_policy(
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Any>,
         name: &str,
         if_version: Option<i64>,
     ) -> Result<PolicyRecord, StoreError> {
-        let lock = if self.driver == crate::Driver::Postgres { " FOR UPDATE" } else { "" };
-        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM policies WHERE name = $1{lock}"))
+        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM policies WHERE name = $1{}", self.row_lock()))
             .bind(name)
             .fetch_optional(&mut **tx)
             .await?;
@@ -301,11 +299,7 @@ impl Store {
             Some(row) => PolicyRecord::from_row(&row)?,
             None => return Err(StoreError::NotFound { kind: "policy", name: name.to_owned() }),
         };
-        if let Some(expected) = if_version
-            && expected != before.version
-        {
-            return Err(StoreError::Stale { expected, current: before.version });
-        }
+        crate::expect_version(if_version, before.version)?;
         Ok(before)
     }
 }
