@@ -281,6 +281,11 @@ fn node(path: &str, spec: &DescriptorSpec, depth: usize) -> Result<Node, String>
     for l in spec.rate_limit.iter().chain(&spec.rate_limits) {
         out.limits.push(limit(path, l)?);
     }
+    // The node's limits are checked together at every request: they must form a rule set.
+    let rules: Vec<Rule> = out.limits.iter().filter_map(|l| l.rule.clone()).collect();
+    if !rules.is_empty() {
+        RuleSet::new(rules).map_err(|e| format!("{path}: rate_limits: {e}"))?;
+    }
     children(path, &spec.descriptors, depth + 1, &mut out)?;
     Ok(out)
 }

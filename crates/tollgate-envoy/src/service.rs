@@ -53,9 +53,20 @@ impl std::fmt::Debug for EnvoyService {
     }
 }
 
-/// A descriptor's part of the counting key: `k=v` pairs joined by `|`, with `%`, `|` and `=`
-/// percent-encoded so no two descriptors share a key.
+/// A descriptor's counting key: `k=v` pairs joined by `|`, with `%`, `|` and `=`
+/// percent-encoded so no two descriptors share a key. One longer than the engine's key bound
+/// (descriptors may hold 16 entries of 256-byte values) is replaced by its SHA-256.
 fn key_of(domain: &str, entries: &[(String, String)]) -> String {
+    use sha2::{Digest, Sha256};
+    let key = readable_key(domain, entries);
+    if key.len() <= tollgate_core::limits::MAX_KEY_BYTES {
+        key
+    } else {
+        format!("envoy#{:x}", Sha256::digest(key.as_bytes()))
+    }
+}
+
+fn readable_key(domain: &str, entries: &[(String, String)]) -> String {
     let escape = |s: &str| s.replace('%', "%25").replace('|', "%7C").replace('=', "%3D");
     let mut key = format!("envoy:{}", escape(domain));
     for (k, v) in entries {
@@ -292,5 +303,15 @@ mod tests {
         let b = key_of("d", &[("k".into(), "a".into()), ("x".into(), "b".into())]);
         assert_ne!(a, b);
         assert_eq!(b, "envoy:d|k=a|x=b");
+    }
+
+    #[test]
+    fn long_keys_are_hashed_within_the_bound() {
+        let entries: Vec<(String, String)> = (0..16).map(|i| (format!("k{i}"), "v".repeat(256))).collect();
+        let key = key_of("d", &entries);
+        assert!(key.len() <= tollgate_core::limits::MAX_KEY_BYTES && key.starts_with("envoy#"), "{key}");
+        let mut other = entries.clone();
+        other[15].1.push('!');
+        assert_ne!(key, key_of("d", &other));
     }
 }

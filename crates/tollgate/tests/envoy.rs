@@ -183,6 +183,13 @@ async fn bad_requests_are_invalid_argument() {
         let err = client.should_rate_limit(req).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     }
+    // The largest descriptor allowed is decided, not refused for its key's length.
+    let entries: Vec<(String, String)> = (0..16).map(|i| (format!("k{i}"), "v".repeat(256))).collect();
+    let pairs: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut big = descriptor(&pairs);
+    big.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: Unit::Hour as i32 });
+    assert_eq!(codes(&mut client, request(vec![big.clone()])).await.0, Code::Ok);
+    assert_eq!(codes(&mut client, request(vec![big])).await.0, Code::OverLimit);
     // An unknown domain limits nothing.
     let mut other = request(vec![descriptor(&[("remote_address", "x")])]);
     other.domain = "elsewhere".into();
