@@ -238,7 +238,7 @@ impl Limiter {
         mut verdict: Verdict,
         max_wait: Duration,
     ) -> Result<Verdict, LimitError> {
-        let name = policy.name.to_string();
+        let name = Arc::clone(&policy.name);
         if verdict.decision.retry_after() > max_wait {
             return Ok(verdict);
         }
@@ -267,7 +267,8 @@ impl Limiter {
     }
 
     fn record(&self, policy: &Policy, verdict: &Verdict) {
-        let name = policy.name.to_string();
+        // Metric labels share the policy name (an Arc) rather than copying it per decision.
+        let name = Arc::clone(&policy.name);
         let outcome = match (verdict.decision.allowed(), verdict.shadow_denied) {
             (true, _) => "allowed",
             (false, true) => "shadow_denied",
@@ -299,7 +300,7 @@ impl Limiter {
         let failure = if inner.breaker.state() == BreakerState::Closed {
             let start = Instant::now();
             let result = inner.primary.execute(key, rules, op).await;
-            let backend = inner.backend_name.to_string();
+            let backend = Arc::clone(&inner.backend_name);
             metrics::histogram!(m::BACKEND_SECONDS, "backend" => backend.clone())
                 .record(start.elapsed().as_secs_f64());
             match result {

@@ -35,6 +35,11 @@ pub(crate) struct Change<'a> {
     pub after: Option<serde_json::Value>,
 }
 
+/// An item as the audit log keeps it.
+pub(crate) fn snapshot<T: Serialize>(item: &T) -> Option<serde_json::Value> {
+    serde_json::to_value(item).ok()
+}
+
 pub(crate) async fn record(tx: &mut Transaction<'static, Any>, c: Change<'_>) -> Result<(), StoreError> {
     let text = |v: &Option<serde_json::Value>| v.as_ref().map(|v| v.to_string());
     sqlx::query(

@@ -287,7 +287,7 @@ impl Store {
         .bind(record.updated_at)
         .execute(&mut *tx)
         .await?;
-        let after = serde_json::to_value(&record).ok();
+        let after = crate::audit::snapshot(&record);
         let change = Change {
             actor,
             action: "create",
@@ -296,8 +296,7 @@ impl Store {
             before: None,
             after,
         };
-        Store::changed(&mut tx, change).await?;
-        tx.commit().await?;
+        Store::commit_change(tx, change).await?;
         Ok(record)
     }
 
@@ -352,11 +351,10 @@ impl Store {
             action: "update",
             kind: "consumer_limit",
             subject: consumer_id,
-            before: serde_json::to_value(&before).ok(),
-            after: serde_json::to_value(&record).ok(),
+            before: crate::audit::snapshot(&before),
+            after: crate::audit::snapshot(&record),
         };
-        Store::changed(&mut tx, change).await?;
-        tx.commit().await?;
+        Store::commit_change(tx, change).await?;
         Ok(record)
     }
 
@@ -376,11 +374,10 @@ impl Store {
             action: "delete",
             kind: "consumer_limit",
             subject: consumer_id,
-            before: serde_json::to_value(&before).ok(),
+            before: crate::audit::snapshot(&before),
             after: None,
         };
-        Store::changed(&mut tx, change).await?;
-        tx.commit().await?;
+        Store::commit_change(tx, change).await?;
         Ok(())
     }
 }

@@ -164,13 +164,16 @@ impl Store {
         Ok(self.pool.begin().await?)
     }
 
-    /// Bumps the revision and records the change, in the caller's transaction.
-    pub(crate) async fn changed(
-        tx: &mut Transaction<'static, Any>,
+    /// Ends a change: bumps the revision, records the audit entry, and commits, all in the
+    /// change's own transaction (so instances never reload a half-written change).
+    pub(crate) async fn commit_change(
+        mut tx: Transaction<'static, Any>,
         entry: audit::Change<'_>,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE revision SET revision = revision + 1 WHERE id = 1").execute(&mut **tx).await?;
-        audit::record(tx, entry).await
+        sqlx::query("UPDATE revision SET revision = revision + 1 WHERE id = 1").execute(&mut *tx).await?;
+        audit::record(&mut tx, entry).await?;
+        tx.commit().await?;
+        Ok(())
     }
 }
 

@@ -122,10 +122,6 @@ fn json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_default()
 }
 
-fn audit_value(record: &PolicyRecord) -> Option<serde_json::Value> {
-    serde_json::to_value(record).ok()
-}
-
 impl Store {
     /// Every policy, by name.
     pub async fn all_policies(&self) -> Result<Vec<PolicyRecord>, StoreError> {
@@ -202,10 +198,9 @@ impl Store {
             kind: "policy",
             subject: name,
             before: None,
-            after: audit_value(&record),
+            after: crate::audit::snapshot(&record),
         };
-        Store::changed(&mut tx, change).await?;
-        tx.commit().await?;
+        Store::commit_change(tx, change).await?;
         Ok(record)
     }
 
@@ -248,11 +243,10 @@ impl Store {
             action: "update",
             kind: "policy",
             subject: name,
-            before: audit_value(&before),
-            after: audit_value(&record),
+            before: crate::audit::snapshot(&before),
+            after: crate::audit::snapshot(&record),
         };
-        Store::changed(&mut tx, change).await?;
-        tx.commit().await?;
+        Store::commit_change(tx, change).await?;
         Ok(record)
     }
 
@@ -275,11 +269,10 @@ impl Store {
             action: "delete",
             kind: "policy",
             subject: name,
-            before: audit_value(&before),
+            before: crate::audit::snapshot(&before),
             after: None,
         };
-        Store::changed(&mut tx, change).await?;
-        tx.commit().await?;
+        Store::commit_change(tx, change).await?;
         Ok(())
     }
 

@@ -151,13 +151,12 @@ impl Store {
         if inserted.rows_affected() == 0 {
             return Err(StoreError::Exists { kind: "token", name: name.to_owned() });
         }
-        let after = serde_json::to_value(&record).ok();
-        Store::changed(
-            &mut tx,
+        let after = crate::audit::snapshot(&record);
+        Store::commit_change(
+            tx,
             Change { actor, action: "create", kind: "token", subject: name, before: None, after },
         )
         .await?;
-        tx.commit().await?;
         Ok((record, secret))
     }
 
@@ -198,13 +197,12 @@ impl Store {
             return Err(StoreError::NotFound { kind: "token", name: name.to_owned() });
         };
         sqlx::query("DELETE FROM tokens WHERE name = $1").bind(name).execute(&mut *tx).await?;
-        let before = serde_json::to_value(&before).ok();
-        Store::changed(
-            &mut tx,
+        let before = crate::audit::snapshot(&before);
+        Store::commit_change(
+            tx,
             Change { actor, action: "delete", kind: "token", subject: name, before, after: None },
         )
         .await?;
-        tx.commit().await?;
         Ok(())
     }
 }
