@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use crate::decision::{Acquisition, Lease, LeaseId};
-use crate::{Decision, Error, Operation, RuleSet};
+use crate::{Decision, Error, Operation, Part, RuleSet};
 
 /// A store of rule states that runs [`Operation`]s atomically.
 ///
@@ -37,6 +37,28 @@ pub trait Backend: Send + Sync {
     /// always there, like the in-process one, keep this default.
     async fn ping(&self) -> Result<(), Error> {
         Ok(())
+    }
+
+    /// Checks several keys in one atomic step (see [`Part`]): the parts of a group are
+    /// admitted all or nothing; groups are decided in the order they first appear. Returns each
+    /// part's decision, in the parts' order: its own rules' verdicts (so a part can be
+    /// `allowed()` while its group was refused for another part), with what remains after the
+    /// batch.
+    ///
+    /// The default decides a batch whose groups are single parts, one `execute` each, and
+    /// refuses joint groups with [`Error::JointUnsupported`]; both of Tollgate's backends
+    /// decide any batch in one step.
+    async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
+        crate::validate_batch(parts)?;
+        let groups = crate::groups(parts);
+        if groups.iter().any(|g| g.len() > 1) {
+            return Err(Error::JointUnsupported);
+        }
+        let mut decisions = Vec::with_capacity(parts.len());
+        for part in parts {
+            decisions.push(self.execute(part.key, part.rules, Operation::Check { cost: part.cost }).await?);
+        }
+        Ok(decisions)
     }
 
     /// Admits `cost` units if every rule allows, all or nothing; a cost of 0 peeks.

@@ -151,6 +151,27 @@ pub enum Error {
         /// Position of the concurrency rule.
         index: usize,
     },
+    /// A batch with no parts, or more than [`MAX_BATCH_PARTS`](crate::limits::MAX_BATCH_PARTS).
+    #[error("a batch holds 1 to {max} parts (got {parts})")]
+    BatchSize {
+        /// Parts given.
+        parts: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// One part of a batch is refused.
+    #[error("part {part}: {error}")]
+    InPart {
+        /// Position of the part.
+        part: usize,
+        /// Why it is refused.
+        #[source]
+        error: Box<Error>,
+    },
+    /// A batch whose group holds several parts, on a backend that cannot decide several keys in
+    /// one atomic step.
+    #[error("this backend cannot check several keys all or nothing")]
+    JointUnsupported,
     /// The backend did not answer within its timeout.
     #[error("the backend did not answer within {0:?}")]
     Timeout(Duration),

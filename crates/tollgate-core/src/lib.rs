@@ -25,6 +25,7 @@
 
 pub mod algorithm;
 mod backend;
+mod batch;
 mod clock;
 mod decision;
 mod error;
@@ -36,6 +37,7 @@ mod rule;
 mod ruleset;
 
 pub use backend::Backend;
+pub use batch::{Part, groups, validate_batch};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use decision::{Acquisition, Decision, Lease, LeaseId, LeaseIdError, RuleOutcome};
 pub use error::{BoxError, Error, KeyError, RuleError};

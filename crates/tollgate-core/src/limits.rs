@@ -15,6 +15,10 @@ pub const MAX_CONCURRENCY_LIMIT: u64 = 10_000;
 /// Most rules in one [`RuleSet`](crate::RuleSet).
 pub const MAX_RULES: usize = 32;
 
+/// Most parts in one batch ([`Part`](crate::Part)): an Envoy request's descriptors, or
+/// coalesced checks.
+pub const MAX_BATCH_PARTS: usize = 64;
+
 /// Longest key, in bytes.
 pub const MAX_KEY_BYTES: usize = 512;
 

@@ -11,8 +11,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tollgate_core::{Error as CoreError, Rule, RuleSet};
-use tollgate_limiter::{LimitError, Limiter, Mode, Policy};
+use tollgate_core::{Error as CoreError, Operation, Rule, RuleSet};
+use tollgate_limiter::{Check, LimitError, Limiter, Mode, Policy};
 use tonic::{Request, Response, Status};
 
 use crate::config::{Domain, Limit, Unit, find};
@@ -201,64 +201,113 @@ impl EnvoyService {
             p.limits.retain(|l| l.name.as_ref().is_none_or(|n| !replaced.contains(n)));
         }
 
-        let mut overall = Code::Ok;
-        let mut statuses = Vec::with_capacity(planned.len());
-        // Each status's window in seconds (0 when it has no limit), for the response headers.
-        let mut windows = Vec::with_capacity(planned.len());
+        // Each limited descriptor becomes one check of a single batch: one backend call for the
+        // whole request, the enforced descriptors all or nothing.
+        struct Item<'a> {
+            planned: &'a Planned,
+            labels: [(&'static str, String); 2],
+            key: String,
+            policy: Policy,
+            limited: Vec<&'a Limit>,
+            /// More hits than the limits can ever admit: over the limit whatever the state.
+            impossible: bool,
+        }
+        let mut items: Vec<Item<'_>> = Vec::new();
+        let mut of_descriptor: Vec<Option<usize>> = Vec::with_capacity(planned.len());
         for p in &planned {
+            let rules: Vec<Rule> = p.limits.iter().filter_map(|l| l.rule.clone()).collect();
+            if rules.is_empty() {
+                // No limit, or only unlimited ones: OK, uncounted, no current limit (as upstream).
+                of_descriptor.push(None);
+                continue;
+            }
             let label = match p.detailed {
                 true => p.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect::<Vec<_>>().join("."),
                 false => p.entries.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join("."),
             };
-            let labels = [("domain", req.domain.clone()), ("descriptor", label)];
-            let rules: Vec<Rule> = p.limits.iter().filter_map(|l| l.rule.clone()).collect();
-            if rules.is_empty() {
-                // No limit, or only unlimited ones: OK, uncounted, no current limit (as upstream).
+            let set = RuleSet::new(rules).map_err(|e| Status::internal(e.to_string()))?;
+            let mode = if p.shadow { Mode::Shadow } else { Mode::Enforce };
+            let key = key_of(&req.domain, &p.entries);
+            let impossible = match (Operation::Check { cost: p.hits }).validate(&key, &set) {
+                Ok(()) => false,
+                Err(CoreError::CostExceedsCapacity { .. }) => true,
+                Err(e) => return Err(invalid(e.to_string())),
+            };
+            of_descriptor.push(Some(items.len()));
+            items.push(Item {
+                planned: p,
+                labels: [("domain", req.domain.clone()), ("descriptor", label)],
+                key,
+                policy: Policy::enforce(req.domain.as_str(), set).with_mode(mode),
+                limited: p.limits.iter().filter(|l| l.rule.is_some()).collect(),
+                impossible,
+            });
+        }
+        // An enforced descriptor over its limit whatever the state refuses the request: the
+        // others are only looked at. The same when the request asks one counter (two
+        // descriptors alike) for more than it holds.
+        let enforced = |item: &Item<'_>| !item.planned.shadow;
+        let mut blocked = items.iter().any(|i| i.impossible && enforced(i));
+        let checks = loop {
+            let checks: Vec<Check<'_>> = items
+                .iter()
+                .map(|i| {
+                    let peek = i.impossible || (blocked && enforced(i));
+                    Check { key: &i.key, policy: &i.policy, cost: if peek { 0 } else { i.planned.hits } }
+                })
+                .collect();
+            match tollgate_core::validate_batch(&Check::parts(&checks)) {
+                Err(CoreError::InPart { part, error })
+                    if matches!(*error, CoreError::CostExceedsCapacity { .. }) =>
+                {
+                    blocked = true;
+                    items[part].impossible = true;
+                }
+                _ => break checks,
+            }
+        };
+        let joint = if checks.is_empty() {
+            None
+        } else {
+            Some(self.limiter.check_all(&checks).await.map_err(|e| match e {
+                LimitError::Invalid(e) => invalid(e.to_string()),
+                LimitError::Unavailable(e) => Status::unavailable(e.to_string()),
+                e => Status::internal(e.to_string()),
+            })?)
+        };
+
+        let mut overall = Code::Ok;
+        let mut statuses = Vec::with_capacity(planned.len());
+        // Each status's window in seconds (0 when it has no limit), for the response headers.
+        let mut windows = Vec::with_capacity(planned.len());
+        for at in of_descriptor {
+            let (Some(at), Some(joint)) = (at, &joint) else {
                 statuses.push(status(Code::Ok, None, 0, std::time::Duration::ZERO));
                 windows.push(0);
                 continue;
-            }
-            ::metrics::counter!(names::TOTAL_HITS, &labels).increment(p.hits);
-            let set = RuleSet::new(rules).map_err(|e| Status::internal(e.to_string()))?;
-            let mode = if p.shadow { Mode::Shadow } else { Mode::Enforce };
-            let policy = Policy::enforce(req.domain.as_str(), set).with_mode(mode);
-            let limited: Vec<&Limit> = p.limits.iter().filter(|l| l.rule.is_some()).collect();
-            let key = key_of(&req.domain, &p.entries);
-            let verdict = match self.limiter.check(&key, &policy, p.hits).await {
-                Ok(v) => v,
-                // More hits than the limit can ever admit: over the limit, as upstream answers.
-                Err(LimitError::Invalid(CoreError::CostExceedsCapacity { index, .. })) => {
-                    ::metrics::counter!(names::OVER_LIMIT, &labels).increment(p.hits);
-                    if !p.shadow {
-                        overall = Code::OverLimit;
-                    }
-                    let code = if p.shadow { Code::Ok } else { Code::OverLimit };
-                    let limit = limited.get(index).copied();
-                    statuses.push(status(code, limit, 0, std::time::Duration::ZERO));
-                    windows.push(limit.map_or(0, |l| l.window_secs));
-                    continue;
-                }
-                Err(LimitError::Invalid(e)) => return Err(invalid(e.to_string())),
-                Err(LimitError::Unavailable(e)) => return Err(Status::unavailable(e.to_string())),
-                Err(e) => return Err(Status::internal(e.to_string())),
             };
+            let (item, verdict) = (&items[at], &joint.verdicts[at]);
+            let (labels, hits, shadow) = (&item.labels, item.planned.hits, item.planned.shadow);
+            ::metrics::counter!(names::TOTAL_HITS, labels).increment(hits);
             let d = &verdict.decision;
-            let binding = d.rules().iter().position(|o| o == d.binding()).unwrap_or(0);
-            let code = if verdict.allowed() { Code::Ok } else { Code::OverLimit };
-            if verdict.shadow_denied {
-                ::metrics::counter!(names::SHADOW_MODE, &labels).increment(p.hits);
-            } else if !d.allowed() {
-                ::metrics::counter!(names::OVER_LIMIT, &labels).increment(p.hits);
+            let over = item.impossible || !d.allowed();
+            if over && shadow {
+                ::metrics::counter!(names::SHADOW_MODE, labels).increment(hits);
+            } else if over {
+                ::metrics::counter!(names::OVER_LIMIT, labels).increment(hits);
             } else if d.rules().iter().any(|o| o.remaining.saturating_mul(5) < o.limit) {
-                ::metrics::counter!(names::NEAR_LIMIT, &labels).increment(p.hits);
+                ::metrics::counter!(names::NEAR_LIMIT, labels).increment(hits);
             } else {
-                ::metrics::counter!(names::WITHIN_LIMIT, &labels).increment(p.hits);
+                ::metrics::counter!(names::WITHIN_LIMIT, labels).increment(hits);
             }
+            let code = if over && !shadow { Code::OverLimit } else { Code::Ok };
             if code == Code::OverLimit {
                 overall = Code::OverLimit;
             }
-            let limit = limited.get(binding).copied();
-            statuses.push(status(code, limit, d.remaining(), d.reset_after()));
+            let binding = d.rules().iter().position(|o| o == d.binding()).unwrap_or(0);
+            let limit = item.limited.get(binding).copied();
+            let remaining = if item.impossible { 0 } else { d.remaining() };
+            statuses.push(status(code, limit, remaining, d.reset_after()));
             windows.push(limit.map_or(0, |l| l.window_secs));
         }
         let headers = if self.response_headers { response_headers(&statuses, &windows) } else { Vec::new() };

@@ -27,5 +27,5 @@ pub mod metrics;
 mod policy;
 
 pub use breaker::BreakerState;
-pub use limiter::{FailurePolicy, LimitError, Limiter, LimiterSettings, Verdict};
+pub use limiter::{Check, FailurePolicy, JointVerdict, LimitError, Limiter, LimiterSettings, Verdict};
 pub use policy::{Mode, OnLimit, Policy};

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use tollgate_core::{Backend, Decision, Error, Lease, LeaseId, MemoryBackend, Operation, RuleSet};
+use tollgate_core::{Backend, Decision, Error, Lease, LeaseId, MemoryBackend, Operation, Part, RuleSet};
 
 use crate::breaker::{Breaker, BreakerState};
 use crate::metrics as m;
@@ -79,6 +79,42 @@ impl Verdict {
     pub fn allowed(&self) -> bool {
         self.decision.allowed() || self.shadow_denied
     }
+}
+
+/// One key's check in [`Limiter::check_all`].
+#[derive(Clone, Copy, Debug)]
+pub struct Check<'a> {
+    /// The key.
+    pub key: &'a str,
+    /// The policy it is checked under.
+    pub policy: &'a Policy,
+    /// Units asked for; 0 peeks.
+    pub cost: u64,
+}
+
+impl<'a> Check<'a> {
+    /// The backend batch [`Limiter::check_all`] runs for `checks`: the enforced checks form
+    /// group 0 (all or nothing), each shadow-mode check a group of its own.
+    pub fn parts(checks: &[Check<'a>]) -> Vec<Part<'a>> {
+        checks
+            .iter()
+            .zip(1..)
+            .map(|(c, alone)| {
+                let group = if c.policy.mode == Mode::Shadow { alone } else { 0 };
+                Part::new(c.key, &c.policy.rules, c.cost).in_group(group)
+            })
+            .collect()
+    }
+}
+
+/// The answer to [`Limiter::check_all`].
+#[derive(Clone, Debug)]
+pub struct JointVerdict {
+    /// Whether the enforced checks were admitted (all of them, and consumed) or not (none).
+    pub admitted: bool,
+    /// Each check's verdict, in order: its own rules' decision (a check may be `allowed()`
+    /// while another refused the whole), shadow denials marked.
+    pub verdicts: Vec<Verdict>,
 }
 
 /// Why the limiter gave no verdict.
@@ -173,8 +209,44 @@ impl Limiter {
         {
             verdict = self.delay(key, policy, op, verdict, max_wait).await?;
         }
-        self.record(policy, &verdict);
+        self.record(policy, &verdict, true);
         Ok(verdict)
+    }
+
+    /// Checks several keys in one backend call: the checks under enforcing policies are all
+    /// or nothing (consumed only if every one is admitted), and each check under a shadow-mode
+    /// policy is decided on its own (counted, never refusing). The `delay` strategy does not
+    /// apply: a joint wait could hold one key's units while waiting for another's.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate_core::{MemoryBackend, Period, Rule, RuleSet};
+    /// use tollgate_limiter::{Check, Limiter, LimiterSettings, Policy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::new(Arc::new(MemoryBackend::new()), "memory", LimiterSettings::default());
+    /// let per_user = Policy::enforce("user", RuleSet::new([Rule::fixed_window(5, Period::MINUTE)]).unwrap());
+    /// let per_route = Policy::enforce("route", RuleSet::new([Rule::fixed_window(1, Period::MINUTE)]).unwrap());
+    /// let both = [
+    ///     Check { key: "alice", policy: &per_user, cost: 1 },
+    ///     Check { key: "/upload", policy: &per_route, cost: 1 },
+    /// ];
+    /// assert!(limiter.check_all(&both).await.unwrap().admitted);
+    /// let second = limiter.check_all(&both).await.unwrap();
+    /// assert!(!second.admitted);
+    /// assert_eq!(second.verdicts[0].decision.remaining(), 4); // alice's unit was not taken
+    /// # }
+    /// ```
+    pub async fn check_all(&self, checks: &[Check<'_>]) -> Result<JointVerdict, LimitError> {
+        let (decisions, degraded) = self.decide_batch(&Check::parts(checks)).await?;
+        let verdicts: Vec<Verdict> =
+            checks.iter().zip(decisions).map(|(c, d)| self.verdict(c.policy, (d, degraded))).collect();
+        let admitted = verdicts.iter().all(|v| v.allowed());
+        for (check, verdict) in checks.iter().zip(&verdicts) {
+            self.record(check.policy, verdict, admitted || check.policy.mode == Mode::Shadow);
+        }
+        Ok(JointVerdict { admitted, verdicts })
     }
 
     /// Like [`check`](Self::check), with concurrency rules holding the units under a new lease
@@ -194,7 +266,7 @@ impl Limiter {
         {
             verdict = self.delay(key, policy, op, verdict, max_wait).await?;
         }
-        self.record(policy, &verdict);
+        self.record(policy, &verdict, true);
         let taken = verdict.decision.allowed() && cost > 0 && policy.rules.has_concurrency();
         Ok((verdict, taken.then_some(Lease { id, units: cost })))
     }
@@ -266,10 +338,12 @@ impl Limiter {
         Ok(verdict)
     }
 
-    fn record(&self, policy: &Policy, verdict: &Verdict) {
+    /// Records a verdict; `taken` is false for a check refused because another check of its
+    /// batch was (counted as denied).
+    fn record(&self, policy: &Policy, verdict: &Verdict, taken: bool) {
         // Metric labels share the policy name (an Arc) rather than copying it per decision.
         let name = Arc::clone(&policy.name);
-        let outcome = match (verdict.decision.allowed(), verdict.shadow_denied) {
+        let outcome = match (verdict.decision.allowed() && taken, verdict.shadow_denied) {
             (true, _) => "allowed",
             (false, true) => "shadow_denied",
             (false, false) => "denied",
@@ -309,16 +383,7 @@ impl Limiter {
                     return Ok((decision, false));
                 }
                 Err(e) if !e.is_backend_failure() => return Err(LimitError::Invalid(e)),
-                Err(e) => {
-                    metrics::counter!(m::BACKEND_ERRORS, "backend" => backend, "kind" => error_kind(&e))
-                        .increment(1);
-                    if inner.breaker.record_failure() {
-                        tracing::warn!(backend = %inner.backend_name, error = %e,
-                            "backend failing; circuit breaker open, answering by the failure policy");
-                        self.spawn_probe();
-                    }
-                    e
-                }
+                Err(e) => self.failed(e, backend),
             }
         } else {
             Error::Unavailable("circuit breaker open: the backend failed and is being probed".into())
@@ -331,6 +396,53 @@ impl Limiter {
                 Ok((decision, true))
             }
         }
+    }
+
+    /// A batch, as [`decide`](Self::decide) does one operation: on the primary backend while
+    /// its breaker is closed, else by the failure policy.
+    async fn decide_batch(&self, parts: &[Part<'_>]) -> Result<(Vec<Decision>, bool), LimitError> {
+        tollgate_core::validate_batch(parts).map_err(LimitError::Invalid)?;
+        let inner = &self.inner;
+        let failure = if inner.breaker.state() == BreakerState::Closed {
+            let start = Instant::now();
+            let result = inner.primary.check_batch(parts).await;
+            let backend = Arc::clone(&inner.backend_name);
+            metrics::histogram!(m::BACKEND_SECONDS, "backend" => backend.clone())
+                .record(start.elapsed().as_secs_f64());
+            match result {
+                Ok(decisions) => {
+                    inner.breaker.record_success();
+                    return Ok((decisions, false));
+                }
+                Err(e) if !e.is_backend_failure() => return Err(LimitError::Invalid(e)),
+                Err(e) => self.failed(e, backend),
+            }
+        } else {
+            Error::Unavailable("circuit breaker open: the backend failed and is being probed".into())
+        };
+        match inner.settings.on_failure {
+            FailurePolicy::Open => {
+                Ok((parts.iter().map(|p| Decision::admitted_unchecked(p.rules)).collect(), true))
+            }
+            FailurePolicy::Closed => Err(LimitError::Unavailable(failure)),
+            FailurePolicy::Local => {
+                let decisions = inner.fallback.check_batch_now(parts).map_err(LimitError::Invalid)?;
+                Ok((decisions, true))
+            }
+        }
+    }
+
+    /// Counts a backend failure, opening the breaker (and starting its probe) after enough in
+    /// a row; returns the error for the failure policy.
+    fn failed(&self, e: Error, backend: Arc<str>) -> Error {
+        let inner = &self.inner;
+        metrics::counter!(m::BACKEND_ERRORS, "backend" => backend, "kind" => error_kind(&e)).increment(1);
+        if inner.breaker.record_failure() {
+            tracing::warn!(backend = %inner.backend_name, error = %e,
+                "backend failing; circuit breaker open, answering by the failure policy");
+            self.spawn_probe();
+        }
+        e
     }
 
     /// Pings the backend every `probe_interval` until it answers, then closes the breaker.

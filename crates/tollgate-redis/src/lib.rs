@@ -31,8 +31,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, ServerErrorKind};
-use tollgate_core::algorithm::lua::{self, Arg, Variant};
-use tollgate_core::{Backend, Clock, Decision, Error, Operation, RuleSet, StateSlot, validate_key};
+use tollgate_core::algorithm::lua::{self, Arg, ScriptPart, Variant};
+use tollgate_core::{
+    Backend, Clock, Decision, Error, Operation, Part, RuleSet, StateSlot, groups, validate_batch,
+    validate_key,
+};
 
 pub use keys::PrefixError;
 
@@ -199,6 +202,30 @@ impl RedisBackend {
         self.connections[i].clone()
     }
 
+    /// Runs `parts` (each on its key) in one script call.
+    async fn run(&self, parts: &[(&str, ScriptPart<'_>)]) -> Result<Vec<Decision>, Error> {
+        let now = self.clock.as_ref().map(|c| c.now());
+        let script_parts: Vec<ScriptPart<'_>> = parts.iter().map(|(_, p)| *p).collect();
+        let variant = Variant::of_parts(&script_parts);
+        let script = self.scripts[variant.index()].get_or_init(|| Script::new(variant.source()));
+        let mut invocation = script.prepare_invoke();
+        for (key, part) in parts {
+            for state_key in self.state_keys(key, part.rules) {
+                invocation.key(state_key);
+            }
+        }
+        for arg in lua::arguments(&script_parts, now) {
+            match arg {
+                Arg::Int(n) => invocation.arg(n),
+                Arg::Text(s) => invocation.arg(s),
+            };
+        }
+        let mut conn = self.connection();
+        let reply: Vec<i64> = self.bounded(async move { invocation.invoke_async(&mut conn).await }).await?;
+        let (_, decisions) = lua::decode(&script_parts, &reply).map_err(|e| Error::Backend(Box::new(e)))?;
+        Ok(decisions)
+    }
+
     /// Runs `fut` within the timeout, mapping errors.
     async fn bounded<T>(&self, fut: impl Future<Output = Result<T, RedisError>>) -> Result<T, Error> {
         match tokio::time::timeout(self.timeout, fut).await {
@@ -212,23 +239,32 @@ impl RedisBackend {
 impl Backend for RedisBackend {
     async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
         op.validate(key, rules)?;
-        let now = self.clock.as_ref().map(|c| c.now());
-        let variant = Variant::of(rules);
-        let script = self.scripts[variant.index()].get_or_init(|| Script::new(variant.source()));
-        let mut invocation = script.prepare_invoke();
-        for state_key in self.state_keys(key, rules) {
-            invocation.key(state_key);
+        let mut decisions = self.run(&[(key, ScriptPart::alone(rules, op))]).await?;
+        Ok(decisions.pop().unwrap_or_else(|| unreachable!("one part, one decision")))
+    }
+
+    /// One script call for the whole batch: every part's keys are in one Redis (the keys of
+    /// different parts share no hash tag, which Redis Cluster would refuse in one call; the
+    /// cluster backend is to split a batch by slot).
+    async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
+        validate_batch(parts)?;
+        // The script wants each group's parts together: order them group by group.
+        let order: Vec<usize> = groups(parts).into_iter().flatten().collect();
+        let script_parts: Vec<(&str, ScriptPart<'_>)> = order
+            .iter()
+            .enumerate()
+            .map(|(n, &i)| {
+                let part = &parts[i];
+                let joins = n > 0 && parts[order[n - 1]].group == part.group;
+                (part.key, ScriptPart { rules: part.rules, op: Operation::Check { cost: part.cost }, joins })
+            })
+            .collect();
+        let decided = self.run(&script_parts).await?;
+        let mut decisions: Vec<Option<Decision>> = vec![None; parts.len()];
+        for (&i, decision) in order.iter().zip(decided) {
+            decisions[i] = Some(decision);
         }
-        for arg in lua::arguments(rules, &op, now) {
-            match arg {
-                Arg::Int(n) => invocation.arg(n),
-                Arg::Text(s) => invocation.arg(s),
-            };
-        }
-        let mut conn = self.connection();
-        let reply: Vec<i64> = self.bounded(async move { invocation.invoke_async(&mut conn).await }).await?;
-        let (_, decision) = lua::decode(rules, &reply).map_err(|e| Error::Backend(Box::new(e)))?;
-        Ok(decision)
+        Ok(decisions.into_iter().flatten().collect())
     }
 
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {

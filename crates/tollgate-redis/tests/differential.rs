@@ -1,5 +1,5 @@
 //! Differential property test: random sequences of (advance time, rule set, key, operation,
-//! cost) run against the memory backend and the Redis backend on the same explicit clock must
+//! cost), and batches of checks, run against the memory backend and the Redis backend on the same explicit clock must
 //! give identical decisions and identical errors.
 //!
 //! Cases: `PROPTEST_CASES` (default 256). A failure prints the shrunk sequence.
@@ -9,7 +9,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use tollgate_core::{
-    Backend, Decision, Error, Lease, LeaseId, ManualClock, MemoryBackend, Operation, Period, Rule, RuleSet,
+    Backend, Error, Lease, LeaseId, ManualClock, MemoryBackend, Operation, Part, Period, Rule, RuleSet,
 };
 use tollgate_redis::RedisBackend;
 use tollgate_testkit::RedisServer;
@@ -54,11 +54,30 @@ fn rule_sets() -> Vec<RuleSet> {
 #[derive(Clone, Debug)]
 enum Step {
     Advance(u64),
-    Check { set: usize, key: usize, cost: u64 },
-    Acquire { set: usize, key: usize, cost: u64 },
-    Release { lease: usize },
-    Refund { set: usize, key: usize, amount: u64 },
-    Reset { set: usize, key: usize },
+    Check {
+        set: usize,
+        key: usize,
+        cost: u64,
+    },
+    Acquire {
+        set: usize,
+        key: usize,
+        cost: u64,
+    },
+    Release {
+        lease: usize,
+    },
+    Refund {
+        set: usize,
+        key: usize,
+        amount: u64,
+    },
+    Reset {
+        set: usize,
+        key: usize,
+    },
+    /// Checks of several (set, key, cost, group) at once.
+    Batch(Vec<(usize, usize, u64, u32)>),
 }
 
 fn step(sets: usize) -> impl Strategy<Value = Step> {
@@ -75,11 +94,16 @@ fn step(sets: usize) -> impl Strategy<Value = Step> {
         3 => (target.clone(), 0u64..=4).prop_map(|((set, key), cost)| Step::Acquire { set, key, cost }),
         2 => (0usize..8).prop_map(|lease| Step::Release { lease }),
         1 => (target.clone(), 0u64..=5).prop_map(|((set, key), amount)| Step::Refund { set, key, amount }),
-        1 => target.prop_map(|(set, key)| Step::Reset { set, key }),
+        1 => target.clone().prop_map(|(set, key)| Step::Reset { set, key }),
+        3 => proptest::collection::vec((target, 0u64..=3, 0u32..3), 1..6)
+            .prop_map(|parts| Step::Batch(parts.into_iter().map(|((s, k), c, g)| (s, k, c, g)).collect())),
     ]
 }
 
-fn same(memory: Result<Decision, Error>, redis: Result<Decision, Error>) -> Result<(), String> {
+fn same<T: PartialEq + std::fmt::Debug>(
+    memory: Result<T, Error>,
+    redis: Result<T, Error>,
+) -> Result<(), String> {
     match (memory, redis) {
         (Ok(m), Ok(r)) if m == r => Ok(()),
         (Err(m), Err(r)) if m.to_string() == r.to_string() => Ok(()),
@@ -149,6 +173,17 @@ fn memory_and_redis_decide_alike() {
                                 memory.execute(&key(k), &sets[set], op).await,
                                 redis.execute(&key(k), &sets[set], op).await,
                             )
+                        }
+                        Step::Batch(ref parts) => {
+                            let keys: Vec<String> = parts.iter().map(|&(_, k, _, _)| key(k)).collect();
+                            let batch: Vec<Part<'_>> = parts
+                                .iter()
+                                .zip(&keys)
+                                .map(|(&(set, _, cost, group), k)| {
+                                    Part::new(k, &sets[set], cost).in_group(group)
+                                })
+                                .collect();
+                            same(memory.check_batch(&batch).await, redis.check_batch(&batch).await)
                         }
                         Step::Reset { set, key: k } => {
                             memory.reset(&key(k), &sets[set]).await.unwrap();

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tollgate_core::limits::MAX_COUNT;
 use tollgate_core::{
-    Backend, Clock, Decision, Error, KeyError, ManualClock, Period, Rule, RuleSet, Timestamp,
+    Backend, Clock, Decision, Error, KeyError, ManualClock, Part, Period, Rule, RuleSet, Timestamp,
 };
 
 /// A backend and the clock it decides by.
@@ -80,6 +80,10 @@ impl<B: Backend> Harness<B> {
 
     async fn check(&self, key: &str, rules: &RuleSet, cost: u64) -> Decision {
         self.backend.check(key, rules, cost).await.expect("check")
+    }
+
+    async fn batch(&self, parts: &[Part<'_>]) -> Vec<Decision> {
+        self.backend.check_batch(parts).await.expect("check_batch")
     }
 
     /// Checks a rule set that may hold concurrency rules: acquires when `cost > 0`.
@@ -435,6 +439,111 @@ pub async fn retry_after_is_honest(h: &Harness<impl Backend>) {
     }
 }
 
+fn remaining(decisions: &[Decision]) -> Vec<u64> {
+    decisions.iter().map(|d| d.remaining()).collect()
+}
+
+fn allowed(decisions: &[Decision]) -> Vec<bool> {
+    decisions.iter().map(|d| d.allowed()).collect()
+}
+
+/// A batch's group is all or nothing across keys: one part denied, no part consumes; each part
+/// reports its own rules.
+pub async fn batch_is_all_or_nothing_across_keys(h: &Harness<impl Backend>) {
+    let user = set([Rule::fixed_window(5, Period::HOUR), Rule::gcra(10, Period::SECOND, 10)]);
+    let route = set([Rule::sliding_window_log(2, Period::MINUTE)]);
+    let (alice, upload) = (h.key("alice"), h.key("upload"));
+    let batch = [Part::new(&alice, &user, 1), Part::new(&upload, &route, 1)];
+    for left in [1, 0] {
+        let d = h.batch(&batch).await;
+        assert_eq!(allowed(&d), [true, true]);
+        assert_eq!(d[1].remaining(), left);
+    }
+    let d = h.batch(&batch).await;
+    assert_eq!(allowed(&d), [true, false], "alice's rules admit, the route's refuse");
+    assert_eq!(d[0].rules()[0].remaining, 3, "alice's unit was not taken");
+    assert!(d[1].retry_after() > Duration::ZERO);
+    assert_eq!(h.check(&alice, &user, 0).await.rules()[0].remaining, 3);
+    // Alone, alice is still admitted.
+    assert!(h.check(&alice, &user, 1).await.allowed());
+}
+
+/// Parts of one group naming the same state ask it for the sum of their costs; groups run in
+/// order, each seeing the one before, and are independent of each other's denials.
+pub async fn batch_sums_shared_states_and_orders_groups(h: &Harness<impl Backend>) {
+    let five = Rule::fixed_window(5, Period::HOUR);
+    let alone = set([five.clone()]);
+    let with_rate = set([five, Rule::token_bucket(10, 1, Period::SECOND)]);
+    let key = h.key("shared");
+    let d = h.batch(&[Part::new(&key, &alone, 2), Part::new(&key, &with_rate, 2)]).await;
+    assert_eq!(allowed(&d), [true, true]);
+    assert_eq!(remaining(&d), [1, 1], "4 of the 5 taken once, not 2 twice");
+    let d = h.batch(&[Part::new(&key, &alone, 1), Part::new(&key, &with_rate, 1)]).await;
+    assert_eq!(allowed(&d), [false, false], "2 asked of 1 left");
+    assert_eq!(remaining(&d), [1, 1]);
+    // Group 1 takes the last unit; group 2 (same state) then finds none; group 3 (another key)
+    // is admitted whatever group 2 answered.
+    let other = h.key("other");
+    let d = h
+        .batch(&[
+            Part::new(&key, &alone, 1).in_group(1),
+            Part::new(&key, &alone, 1).in_group(2),
+            Part::new(&other, &alone, 1).in_group(3),
+        ])
+        .await;
+    assert_eq!(allowed(&d), [true, false, true]);
+    assert_eq!(remaining(&d), [0, 0, 4]);
+}
+
+/// A batch of every algorithm, each part its own group, decides exactly as single checks do.
+pub async fn batch_matches_single_checks(h: &Harness<impl Backend>) {
+    let sets: Vec<RuleSet> = one_of_each(3, period("1s"))
+        .into_iter()
+        .filter(|r| r.algorithm() != tollgate_core::Algorithm::Concurrency)
+        .map(|r| set([r]))
+        .collect();
+    let batched: Vec<String> = sets.iter().map(|_| h.key("batched")).collect();
+    let single: Vec<String> = sets.iter().map(|_| h.key("single")).collect();
+    for (round, cost) in [1u64, 2, 1, 3, 0, 1, 2].into_iter().enumerate() {
+        let parts: Vec<Part<'_>> =
+            sets.iter().zip(&batched).zip(0..).map(|((r, k), g)| Part::new(k, r, cost).in_group(g)).collect();
+        let got = h.batch(&parts).await;
+        for ((rules, key), d) in sets.iter().zip(&single).zip(&got) {
+            let want = h.check(key, rules, cost).await;
+            assert_eq!(d, &want, "round {round}, {:?}", rules.signatures().next());
+        }
+        h.advance(ms(230));
+    }
+}
+
+/// Bad batches are refused before any state is touched, naming the part.
+pub async fn batch_bad_input_is_an_error(h: &Harness<impl Backend>) {
+    let rules = set([Rule::fixed_window(3, Period::MINUTE)]);
+    let leases = set([Rule::concurrency(3, Period::MINUTE)]);
+    let key = h.key("bad-batch");
+    assert!(matches!(h.backend.check_batch(&[]).await, Err(Error::BatchSize { parts: 0, max: 64 })));
+    let many: Vec<Part<'_>> = (0..65).map(|_| Part::new(&key, &rules, 1).in_group(7)).collect();
+    assert!(matches!(h.backend.check_batch(&many).await, Err(Error::BatchSize { parts: 65, .. })));
+    let cases: [(Vec<Part<'_>>, fn(&Error) -> bool); 3] = [
+        (vec![Part::new(&key, &rules, 1), Part::new("", &rules, 1)], |e| {
+            matches!(e, Error::InvalidKey(KeyError::Empty))
+        }),
+        (vec![Part::new(&key, &rules, 1), Part::new(&key, &leases, 1)], |e| {
+            matches!(e, Error::LeaseRequired { index: 0 })
+        }),
+        (vec![Part::new(&key, &rules, 2), Part::new(&key, &rules, 2)], |e| {
+            matches!(e, Error::CostExceedsCapacity { cost: 4, capacity: 3, .. })
+        }),
+    ];
+    for (parts, expected) in cases {
+        match h.backend.check_batch(&parts).await {
+            Err(Error::InPart { part: 1, error }) => assert!(expected(&error), "{error:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(h.check(&key, &rules, 0).await.remaining(), 3, "nothing was consumed");
+}
+
 /// Expands to one `#[tokio::test]` per conformance scenario, each on a fresh harness built by
 /// `make: FnOnce(ManualClock) -> impl Backend`.
 #[macro_export]
@@ -454,7 +563,11 @@ macro_rules! conformance_tests {
             bad_input_is_an_error,
             multi_rule_all_or_nothing,
             a_rule_keeps_one_state_across_rule_sets,
-            retry_after_is_honest
+            retry_after_is_honest,
+            batch_is_all_or_nothing_across_keys,
+            batch_sums_shared_states_and_orders_groups,
+            batch_matches_single_checks,
+            batch_bad_input_is_an_error
         );
     };
     (@each $make:expr; $($name:ident),*) => {

@@ -222,6 +222,13 @@ impl<B: tollgate_core::Backend> tollgate_core::Backend for OnServer<B> {
         self.backend.reset(key, rules).await
     }
 
+    async fn check_batch(
+        &self,
+        parts: &[tollgate_core::Part<'_>],
+    ) -> Result<Vec<tollgate_core::Decision>, tollgate_core::Error> {
+        self.backend.check_batch(parts).await
+    }
+
     async fn ping(&self) -> Result<(), tollgate_core::Error> {
         self.backend.ping().await
     }

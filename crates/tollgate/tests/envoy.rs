@@ -8,9 +8,9 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, rate_limit::Unit};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use tonic::transport::Channel;
 
@@ -167,6 +167,93 @@ async fn several_limits_on_one_descriptor_are_all_or_nothing() {
     assert_eq!(r.overall_code(), Code::OverLimit);
     let binding = r.statuses[0].current_limit.as_ref().unwrap();
     assert_eq!(binding.requests_per_unit, 100, "the GCRA limit refused");
+}
+
+#[tokio::test]
+async fn the_descriptors_of_one_request_are_all_or_nothing() {
+    let (_server, mut client, _dir, _) = start().await;
+    let remaining = |r: &RateLimitResponse| r.statuses.iter().map(|s| s.limit_remaining).collect::<Vec<_>>();
+    let both = || request(vec![descriptor(&[("remote_address", "a")]), descriptor(&[("path", "/login")])]);
+    let r = client.should_rate_limit(both()).await.unwrap().into_inner();
+    assert_eq!((r.overall_code(), remaining(&r)), (Code::Ok, vec![1, 0]));
+    // /login is spent: the request is refused, and the address's hour is not charged for it.
+    let r = client.should_rate_limit(both()).await.unwrap().into_inner();
+    let each: Vec<Code> = r.statuses.iter().map(|s| s.code()).collect();
+    assert_eq!(
+        (r.overall_code(), each, remaining(&r)),
+        (Code::OverLimit, vec![Code::Ok, Code::OverLimit], vec![1, 0])
+    );
+    let r = client.should_rate_limit(request(vec![descriptor(&[("remote_address", "a")])])).await.unwrap();
+    assert_eq!(remaining(&r.into_inner()), [0], "one unit was left for the address");
+
+    // The same counter named twice asks it for both hits.
+    let twice =
+        || request(vec![descriptor(&[("remote_address", "b")]), descriptor(&[("remote_address", "b")])]);
+    let r = client.should_rate_limit(twice()).await.unwrap().into_inner();
+    assert_eq!((r.overall_code(), remaining(&r)), (Code::Ok, vec![0, 0]));
+    assert_eq!(codes(&mut client, twice()).await.0, Code::OverLimit);
+
+    // A descriptor over its limit whatever the count refuses the request; the others are only
+    // looked at.
+    let mut big = descriptor(&[("remote_address", "c")]);
+    big.hits_addend = Some(UInt64Value { value: 3 });
+    let r = client
+        .should_rate_limit(request(vec![big, descriptor(&[("path", "/api/q")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    let each: Vec<Code> = r.statuses.iter().map(|s| s.code()).collect();
+    assert_eq!(
+        (r.overall_code(), each, remaining(&r)),
+        (Code::OverLimit, vec![Code::OverLimit, Code::Ok], vec![0, 5])
+    );
+    let r = client.should_rate_limit(request(vec![descriptor(&[("path", "/api/q")])])).await.unwrap();
+    assert_eq!(remaining(&r.into_inner()), [4], "/api/q was not charged by the refused request");
+}
+
+const EVERY_ALGORITHM: &str = r#"
+domain: edge
+descriptors:
+  - {key: algo, value: fixed_window, rate_limit: {unit: hour, requests_per_unit: 3}}
+  - {key: algo, value: sliding_window_log, rate_limit: {unit: hour, requests_per_unit: 3, algorithm: sliding_window_log}}
+  - {key: algo, value: sliding_window_counter, rate_limit: {unit: hour, requests_per_unit: 3, algorithm: sliding_window_counter}}
+  - {key: algo, value: token_bucket, rate_limit: {unit: hour, requests_per_unit: 3, algorithm: token_bucket}}
+  - {key: algo, value: gcra, rate_limit: {unit: hour, requests_per_unit: 3, algorithm: gcra, burst: 3}}
+"#;
+
+/// One request naming every algorithm, on the memory backend and on Redis: each admits 3 an
+/// hour, all or nothing.
+#[tokio::test]
+async fn every_algorithm_on_memory_and_redis() {
+    let redis = tollgate_testkit::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("edge.yaml");
+    std::fs::write(&yaml, EVERY_ALGORITHM).unwrap();
+    let algorithms = ["fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "gcra"];
+    for backend in [None, Some(redis.url())] {
+        let listen = format!("127.0.0.1:{}", tollgate_testkit::free_port());
+        let mut args = vec!["--grpc-listen", &listen, "--envoy-config", yaml.to_str().unwrap()];
+        if let Some(url) = &backend {
+            args.extend(["--redis", url.as_str()]);
+        }
+        let exact = "[backend]\non_failure = \"closed\"\ntimeout = \"5s\"\n";
+        let _server = Tollgate::start(exact, &args).await;
+        let mut client = RateLimitServiceClient::connect(format!("http://{listen}")).await.unwrap();
+        inside_window(3600, 5).await;
+        let all = || request(algorithms.iter().map(|a| descriptor(&[("algo", a)])).collect());
+        for left in [2, 1, 0] {
+            let r = client.should_rate_limit(all()).await.unwrap().into_inner();
+            assert_eq!(r.overall_code(), Code::Ok, "{backend:?}");
+            assert!(r.statuses.iter().all(|s| s.limit_remaining == left), "{backend:?}: {:?}", r.statuses);
+        }
+        let (overall, each) = codes(&mut client, all()).await;
+        assert_eq!((overall, each), (Code::OverLimit, vec![Code::OverLimit; 5]), "{backend:?}");
+        // Alone, each still refuses: every one was charged exactly three times.
+        for a in algorithms {
+            let one = request(vec![descriptor(&[("algo", a)])]);
+            assert_eq!(codes(&mut client, one).await.0, Code::OverLimit, "{backend:?} {a}");
+        }
+    }
 }
 
 #[tokio::test]

@@ -2,8 +2,9 @@
 //! the algorithms inside Redis (`tollgate-redis`). Nothing here talks to Redis.
 //!
 //! A script is `prelude.lua`, the `.lua` file beside each algorithm's Rust module that the rule
-//! set uses, and `engine.lua` (the phases of an operation) last. One invocation runs one
-//! [`Operation`] on a whole rule set, whatever the number of rules, atomically.
+//! sets use, and `engine.lua` (the phases of an operation) last. One invocation runs a batch of
+//! [`ScriptPart`]s (one [`Operation`] on a whole rule set each, or a batch's checks of several
+//! keys), whatever the number of rules, atomically.
 //!
 //! There is one script [`Variant`] per set of algorithms used, because Lua defines every
 //! function of a script on every call: defining all five algorithms costs Redis about 8 us per
@@ -108,45 +109,87 @@ impl Algo {
     }
 }
 
-/// The script's arguments for `op` on `rules`; with `now` of `None` the script reads Redis's
-/// clock. `KEYS` are the rules' state keys, in the rule set's order: for rules whose
-/// [`StateSlot`](crate::StateSlot) is shared, the same hash key each time.
-pub fn arguments<'a>(rules: &'a RuleSet, op: &Operation<'a>, now: Option<Timestamp>) -> Vec<Arg<'a>> {
-    let (name, amount, lease_id, lease_units) = match *op {
-        Operation::Check { cost } => ("check", cost, "", 0),
-        Operation::Acquire { cost, lease } => ("acquire", cost, lease.as_str(), 0),
-        Operation::Refund { amount } => ("refund", amount, "", 0),
-        Operation::Release { lease } => ("release", 0, lease.id.as_str(), lease.units),
-    };
-    let mut args = Vec::with_capacity(5 + 6 * rules.len());
-    args.push(Arg::Text(name));
+/// One part of a script call: an operation on a rule set, and whether it is all or nothing
+/// with the part before it (in its group).
+#[derive(Clone, Copy, Debug)]
+pub struct ScriptPart<'a> {
+    /// The rules.
+    pub rules: &'a RuleSet,
+    /// The operation.
+    pub op: Operation<'a>,
+    /// True when the part is in the previous part's group.
+    pub joins: bool,
+}
+
+impl<'a> ScriptPart<'a> {
+    /// A part starting its own group.
+    pub fn alone(rules: &'a RuleSet, op: Operation<'a>) -> Self {
+        ScriptPart { rules, op, joins: false }
+    }
+}
+
+impl Variant {
+    /// The variant that holds every algorithm of `parts`.
+    pub fn of_parts(parts: &[ScriptPart<'_>]) -> Variant {
+        Variant(parts.iter().fold(0, |mask, part| mask | Variant::of(part.rules).0))
+    }
+}
+
+/// The script's arguments for `parts`, decided in one call; with `now` of `None` the script
+/// reads Redis's clock. `KEYS` are each part's state keys, part after part, each in its rule
+/// set's order: for rules whose [`StateSlot`](crate::StateSlot) is shared, the same hash key
+/// each time. The parts of a group must be consecutive (`joins`).
+pub fn arguments<'a>(parts: &[ScriptPart<'a>], now: Option<Timestamp>) -> Vec<Arg<'a>> {
+    let rules: usize = parts.iter().map(|p| p.rules.len()).sum();
+    let mut args = Vec::with_capacity(1 + 6 * parts.len() + 6 * rules);
     args.push(match now {
         Some(now) => Arg::Int(to_i64(now.as_micros())),
         None => Arg::Text(""),
     });
-    args.push(Arg::Int(to_i64(amount)));
-    args.push(Arg::Text(lease_id));
-    args.push(Arg::Int(to_i64(lease_units)));
-    for rule in rules.compiled() {
-        args.extend(rule.algo.lua_args().map(Arg::Int));
-        args.push(Arg::Text(&rule.field_prefix));
+    for part in parts {
+        let (name, amount, lease_id, lease_units) = match part.op {
+            Operation::Check { cost } => ("check", cost, "", 0),
+            Operation::Acquire { cost, lease } => ("acquire", cost, lease.as_str(), 0),
+            Operation::Refund { amount } => ("refund", amount, "", 0),
+            Operation::Release { lease } => ("release", 0, lease.id.as_str(), lease.units),
+        };
+        args.push(Arg::Text(name));
+        args.push(Arg::Int(to_i64(amount)));
+        args.push(Arg::Text(lease_id));
+        args.push(Arg::Int(to_i64(lease_units)));
+        args.push(Arg::Int(i64::from(part.joins)));
+        args.push(Arg::Int(part.rules.len() as i64));
+        for rule in part.rules.compiled() {
+            args.extend(rule.algo.lua_args().map(Arg::Int));
+            args.push(Arg::Text(&rule.field_prefix));
+        }
     }
     args
 }
 
-/// The decision in the script's reply, and the time the script decided at.
-pub fn decode(rules: &RuleSet, reply: &[i64]) -> Result<(Timestamp, Decision), ReplyError> {
-    let expected = 1 + 4 * rules.len();
+/// Each part's decision in the script's reply, and the time the script decided at.
+pub fn decode(parts: &[ScriptPart<'_>], reply: &[i64]) -> Result<(Timestamp, Vec<Decision>), ReplyError> {
+    let expected = 1 + 4 * parts.iter().map(|p| p.rules.len()).sum::<usize>();
     if reply.len() != expected {
         return Err(ReplyError { expected, got: reply.len() });
     }
     let now = Timestamp::from_micros(u64::try_from(reply[0]).unwrap_or(0));
-    let outcomes = reply[1..].chunks_exact(4).enumerate().map(|(i, r)| {
-        let verdict = Verdict { admits: r[0] == 1, retry_after: r[3] };
-        let report = Report { remaining: u64::try_from(r[1]).unwrap_or(0), reset_after: r[2] };
-        rules.outcome(i, verdict, report)
-    });
-    Ok((now, Decision::from_outcomes(outcomes.collect())))
+    let mut values = reply[1..].chunks_exact(4);
+    let decisions = parts
+        .iter()
+        .map(|part| {
+            let outcomes = (0..part.rules.len())
+                .zip(values.by_ref())
+                .map(|(i, r)| {
+                    let verdict = Verdict { admits: r[0] == 1, retry_after: r[3] };
+                    let report = Report { remaining: u64::try_from(r[1]).unwrap_or(0), reset_after: r[2] };
+                    part.rules.outcome(i, verdict, report)
+                })
+                .collect();
+            Decision::from_outcomes(outcomes)
+        })
+        .collect();
+    Ok((now, decisions))
 }
 
 #[cfg(test)]

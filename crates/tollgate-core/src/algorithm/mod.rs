@@ -25,6 +25,8 @@ mod token_bucket;
 
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::decision::{LeaseId, RuleOutcome};
 use crate::rule::{Align, RuleKind};
 use crate::{Decision, Operation, RuleSet};
@@ -270,57 +272,111 @@ impl Algo {
     }
 }
 
-/// Access to the states of a rule set's rules for one key, by rule position.
+/// Access to the states an operation works on, by position.
 pub(crate) trait States {
     fn get(&mut self, index: usize) -> &mut State;
 }
 
+/// One member of a group run by [`run_group`]: its rules, its operation, and for each of its
+/// rules the position of that rule's state among the group's states (members naming the same
+/// state share it).
+pub(crate) struct Member<'a> {
+    pub rules: &'a RuleSet,
+    pub op: Operation<'a>,
+    pub states: &'a [usize],
+}
+
+/// Positions `0..n` for a lone member, whose rules' states are all distinct.
+pub(crate) const IDENTITY: [usize; crate::limits::MAX_RULES] = {
+    let mut out = [0; crate::limits::MAX_RULES];
+    let mut i = 0;
+    while i < out.len() {
+        out[i] = i;
+        i += 1;
+    }
+    out
+};
+
 /// Runs one operation on a rule set's states: the phases in the module doc. The caller has
 /// validated the operation ([`Operation::validate`]).
 pub(crate) fn run(rules: &RuleSet, now: i64, op: &Operation<'_>, states: &mut impl States) -> Decision {
-    let compiled = rules.compiled();
-    for (i, rule) in compiled.iter().enumerate() {
-        rule.algo.refresh(states.get(i), now);
-    }
-    match op {
-        Operation::Refund { amount } => {
-            for (i, rule) in compiled.iter().enumerate() {
-                rule.algo.refund(states.get(i), now, *amount);
+    let member = Member { rules, op: *op, states: &IDENTITY[..rules.len()] };
+    let mut decision = None;
+    run_group(now, std::slice::from_ref(&member), states, |_, d| decision = Some(d));
+    decision.unwrap_or_else(|| Decision::admitted_unchecked(rules))
+}
+
+/// Runs a group's members together, all or nothing, in the phases of the module doc: each
+/// state is refreshed once, asked once for the sum of the costs of the members naming it, and
+/// consumed only if every state admits. `emit` receives each member's decision. The caller
+/// has validated the group ([`crate::validate_batch`]).
+pub(crate) fn run_group(
+    now: i64,
+    members: &[Member<'_>],
+    states: &mut impl States,
+    mut emit: impl FnMut(usize, Decision),
+) {
+    let count = members.iter().flat_map(|m| m.states.iter()).max().map_or(0, |&max| max + 1);
+    let mut algos: SmallVec<[Option<&Algo>; 8]> = SmallVec::from_elem(None, count);
+    let mut demand: SmallVec<[u64; 8]> = SmallVec::from_elem(0, count);
+    let mut leases: SmallVec<[Option<&LeaseId>; 8]> = SmallVec::from_elem(None, count);
+    for member in members {
+        let (cost, lease) = match member.op {
+            Operation::Check { cost } => (cost, None),
+            Operation::Acquire { cost, lease } => (cost, Some(lease)),
+            Operation::Refund { .. } | Operation::Release { .. } => (0, None),
+        };
+        for (rule, &at) in member.rules.compiled().iter().zip(member.states) {
+            algos[at] = Some(&rule.algo);
+            demand[at] += cost;
+            if lease.is_some() {
+                leases[at] = lease;
             }
         }
-        Operation::Release { lease } => {
-            for (i, rule) in compiled.iter().enumerate() {
-                rule.algo.release(states.get(i), &lease.id, lease.units);
+    }
+    for (at, algo) in algos.iter().enumerate() {
+        if let Some(algo) = algo {
+            algo.refresh(states.get(at), now);
+        }
+    }
+    for member in members {
+        for (rule, &at) in member.rules.compiled().iter().zip(member.states) {
+            match member.op {
+                Operation::Refund { amount } => rule.algo.refund(states.get(at), now, amount),
+                Operation::Release { lease } => rule.algo.release(states.get(at), &lease.id, lease.units),
+                Operation::Check { .. } | Operation::Acquire { .. } => {}
             }
         }
-        Operation::Check { .. } | Operation::Acquire { .. } => {}
     }
-    let (cost, lease) = match op {
-        Operation::Check { cost } => (*cost, None),
-        Operation::Acquire { cost, lease } => (*cost, Some(*lease)),
-        Operation::Refund { .. } | Operation::Release { .. } => (0, None),
-    };
-    let probe = cost.max(1);
-    let mut outcomes: Vec<RuleOutcome> = compiled
-        .iter()
-        .enumerate()
-        .map(|(i, rule)| {
-            let verdict = rule.algo.decide(states.get(i), now, probe);
-            rules.outcome(i, verdict, Report { remaining: 0, reset_after: 0 })
+    let verdicts: SmallVec<[Verdict; 8]> = (0..count)
+        .map(|at| match algos[at] {
+            Some(algo) => algo.decide(states.get(at), now, demand[at].max(1)),
+            None => Verdict::ADMIT,
         })
         .collect();
-    let admitted = outcomes.iter().all(|o| o.allowed);
-    if admitted && cost > 0 {
-        for (i, rule) in compiled.iter().enumerate() {
-            rule.algo.consume(states.get(i), now, cost, lease);
+    if verdicts.iter().all(|v| v.admits) {
+        for (at, algo) in algos.iter().enumerate() {
+            if let Some(algo) = algo
+                && demand[at] > 0
+            {
+                algo.consume(states.get(at), now, demand[at], leases[at]);
+            }
         }
     }
-    for (i, (rule, outcome)) in compiled.iter().zip(&mut outcomes).enumerate() {
-        let report = rule.algo.report(states.get(i), now);
-        outcome.remaining = report.remaining;
-        outcome.reset_after = micros(report.reset_after);
+    for (m, member) in members.iter().enumerate() {
+        let outcomes = member
+            .rules
+            .compiled()
+            .iter()
+            .zip(member.states)
+            .enumerate()
+            .map(|(i, (rule, &at))| {
+                let report = rule.algo.report(states.get(at), now);
+                member.rules.outcome(i, verdicts[at], report)
+            })
+            .collect();
+        emit(m, Decision::from_outcomes(outcomes));
     }
-    Decision::from_outcomes(outcomes)
 }
 
 impl RuleSet {
