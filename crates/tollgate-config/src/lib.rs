@@ -121,6 +121,8 @@ pub struct BackendSettings {
     pub timeout: Duration,
     /// Redis connections (each multiplexed).
     pub connections: usize,
+    /// Most operations coalesced into one Redis script call (1: none).
+    pub coalesce: usize,
     /// Failure policy and circuit breaker.
     pub limiter: LimiterSettings,
 }

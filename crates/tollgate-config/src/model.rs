@@ -67,6 +67,7 @@ struct BackendSection {
     prefix: String,
     timeout: Period,
     connections: Spanned<usize>,
+    coalesce: Spanned<usize>,
     on_failure: FailurePolicy,
     failure_threshold: u32,
     probe_interval: Period,
@@ -81,6 +82,7 @@ impl Default for BackendSection {
             prefix: "tollgate".into(),
             timeout: Period::from_millis(50).expect("50ms is a valid period"),
             connections: Spanned::new(0..0, 2),
+            coalesce: Spanned::new(0..0, 32),
             on_failure: limiter.on_failure,
             failure_threshold: limiter.failure_threshold,
             probe_interval: Period::from_millis(250).expect("250ms is a valid period"),
@@ -141,6 +143,13 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
     if !(1..=64).contains(backend.connections.get_ref()) {
         return Err(err(backend.connections.span(), "backend.connections must be between 1 and 64".into()));
     }
+    let max_parts = tollgate_core::limits::MAX_BATCH_PARTS;
+    if !(1..=max_parts).contains(backend.coalesce.get_ref()) {
+        return Err(err(
+            backend.coalesce.span(),
+            format!("backend.coalesce must be between 1 and {max_parts}"),
+        ));
+    }
     if !(1..=100).contains(&backend.failure_threshold) {
         return Err(err(0..0, "backend.failure_threshold must be between 1 and 100".into()));
     }
@@ -183,6 +192,7 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
             prefix: backend.prefix.clone(),
             timeout: backend.timeout.as_duration(),
             connections: *backend.connections.get_ref(),
+            coalesce: *backend.coalesce.get_ref(),
             limiter: LimiterSettings {
                 on_failure: backend.on_failure,
                 failure_threshold: backend.failure_threshold,

@@ -22,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 
+mod coalesce;
 mod keys;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,10 +33,13 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, ServerErrorKind};
 use tollgate_core::algorithm::lua::{self, Arg, ScriptPart, Variant};
+use tollgate_core::limits::MAX_BATCH_PARTS;
 use tollgate_core::{
     Backend, Clock, Decision, Error, Operation, Part, RuleSet, StateSlot, groups, validate_batch,
     validate_key,
 };
+
+use crate::coalesce::Coalescer;
 
 pub use keys::PrefixError;
 
@@ -55,6 +59,9 @@ pub enum ConfigError {
     /// A zero timeout.
     #[error("the timeout must be above zero")]
     Timeout,
+    /// A batch size of 0, or above the engine's bound on parts per batch.
+    #[error("coalesce must be between 1 (off) and {max} operations per call (got {0})", max = MAX_BATCH_PARTS)]
+    Coalesce(usize),
 }
 
 /// Settings for a [`RedisBackend`]; start with [`RedisBackend::builder`].
@@ -64,6 +71,7 @@ pub struct RedisBackendBuilder {
     prefix: String,
     timeout: Duration,
     connections: usize,
+    coalesce: usize,
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -87,6 +95,17 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Coalesce concurrent operations into script calls of up to `parts` operations each
+    /// (default 32; 1 turns coalescing off). Nothing waits to fill a batch: an operation that
+    /// finds a free connection goes at once, alone; while every connection has a call in
+    /// flight, the operations arriving meanwhile go together in the next. Each operation stays
+    /// its own all-or-nothing group, so results are those of separate calls, while Redis pays
+    /// a script call's fixed costs once per batch.
+    pub fn coalesce(mut self, parts: usize) -> Self {
+        self.coalesce = parts;
+        self
+    }
+
     /// Decide at `clock`'s time instead of Redis's `TIME` (for tests that move time by hand).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
@@ -103,6 +122,9 @@ impl RedisBackendBuilder {
         if self.timeout.is_zero() {
             return Err(ConfigError::Timeout);
         }
+        if !(1..=MAX_BATCH_PARTS).contains(&self.coalesce) {
+            return Err(ConfigError::Coalesce(self.coalesce));
+        }
         let client = redis::Client::open(self.url.as_str()).map_err(ConfigError::Url)?;
         let config = ConnectionManagerConfig::new()
             // Connecting (a TLS handshake, on a loaded machine) may take longer than a call is
@@ -115,19 +137,28 @@ impl RedisBackendBuilder {
             .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(ConfigError::Url)?;
-        Ok(RedisBackend {
+        let shared = Arc::new(Shared {
             connections: connections.into(),
             next: AtomicUsize::new(0),
             scripts: std::array::from_fn(|_| OnceLock::new()),
             prefix: self.prefix.into(),
             timeout: self.timeout,
             clock: self.clock,
-        })
+        });
+        let coalescer = (self.coalesce > 1).then(|| Coalescer::start(Arc::clone(&shared), self.coalesce));
+        Ok(RedisBackend { shared, coalescer })
     }
 }
 
 /// Rule states in Redis. See the [crate docs](crate).
 pub struct RedisBackend {
+    shared: Arc<Shared>,
+    /// Present when operations are coalesced into batches.
+    coalescer: Option<Coalescer>,
+}
+
+/// What every operation uses: connections, prepared scripts, key names, timeout, clock.
+pub(crate) struct Shared {
     connections: Box<[ConnectionManager]>,
     next: AtomicUsize,
     /// One prepared script (source and SHA1) per variant, made on first use.
@@ -140,10 +171,11 @@ pub struct RedisBackend {
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("connections", &self.connections.len())
-            .field("prefix", &self.prefix)
-            .field("timeout", &self.timeout)
-            .field("explicit_clock", &self.clock.is_some())
+            .field("connections", &self.shared.connections.len())
+            .field("prefix", &self.shared.prefix)
+            .field("timeout", &self.shared.timeout)
+            .field("coalesce", &self.coalescer.as_ref().map(Coalescer::max_parts))
+            .field("explicit_clock", &self.shared.clock.is_some())
             .finish()
     }
 }
@@ -178,6 +210,7 @@ impl RedisBackend {
             prefix: "tollgate".into(),
             timeout: Duration::from_millis(250),
             connections: 2,
+            coalesce: 32,
             clock: None,
         }
     }
@@ -187,6 +220,12 @@ impl RedisBackend {
     /// per key, `<prefix>:{<key>}:h`, prefixed by the rule's id; sorted-set rules (sliding log,
     /// concurrency) have a key each, `<prefix>:{<key>}:<signature>`.
     pub fn state_keys(&self, key: &str, rules: &RuleSet) -> Vec<String> {
+        self.shared.state_keys(key, rules)
+    }
+}
+
+impl Shared {
+    fn state_keys(&self, key: &str, rules: &RuleSet) -> Vec<String> {
         let tagged = keys::tagged(&self.prefix, key);
         rules
             .state_slots()
@@ -203,7 +242,7 @@ impl RedisBackend {
     }
 
     /// Runs `parts` (each on its key) in one script call.
-    async fn run(&self, parts: &[(&str, ScriptPart<'_>)]) -> Result<Vec<Decision>, Error> {
+    pub(crate) async fn run(&self, parts: &[(&str, ScriptPart<'_>)]) -> Result<Vec<Decision>, Error> {
         let now = self.clock.as_ref().map(|c| c.now());
         let script_parts: Vec<ScriptPart<'_>> = parts.iter().map(|(_, p)| *p).collect();
         let variant = Variant::of_parts(&script_parts);
@@ -239,7 +278,10 @@ impl RedisBackend {
 impl Backend for RedisBackend {
     async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
         op.validate(key, rules)?;
-        let mut decisions = self.run(&[(key, ScriptPart::alone(rules, op))]).await?;
+        if let Some(coalescer) = &self.coalescer {
+            return coalescer.execute(key, rules, op).await;
+        }
+        let mut decisions = self.shared.run(&[(key, ScriptPart::alone(rules, op))]).await?;
         Ok(decisions.pop().unwrap_or_else(|| unreachable!("one part, one decision")))
     }
 
@@ -259,7 +301,7 @@ impl Backend for RedisBackend {
                 (part.key, ScriptPart { rules: part.rules, op: Operation::Check { cost: part.cost }, joins })
             })
             .collect();
-        let decided = self.run(&script_parts).await?;
+        let decided = self.shared.run(&script_parts).await?;
         let mut decisions: Vec<Option<Decision>> = vec![None; parts.len()];
         for (&i, decision) in order.iter().zip(decided) {
             decisions[i] = Some(decision);
@@ -273,7 +315,7 @@ impl Backend for RedisBackend {
         // key may keep theirs there). One MULTI, so a reset is never half done.
         let mut pipe = redis::pipe();
         pipe.atomic();
-        for (slot, state_key) in rules.state_slots().zip(self.state_keys(key, rules)) {
+        for (slot, state_key) in rules.state_slots().zip(self.shared.state_keys(key, rules)) {
             match slot {
                 StateSlot::Own { .. } => pipe.cmd("DEL").arg(state_key).ignore(),
                 StateSlot::Shared { prefix, fields } => pipe
@@ -283,18 +325,18 @@ impl Backend for RedisBackend {
                     .ignore(),
             };
         }
-        let mut conn = self.connection();
-        self.bounded(async move { pipe.query_async::<()>(&mut conn).await }).await
+        let mut conn = self.shared.connection();
+        self.shared.bounded(async move { pipe.query_async::<()>(&mut conn).await }).await
     }
 
     /// `PING` on every connection, each within the timeout: a connection that failed earlier
     /// reconnects on its next use, so a probe that passes leaves them all usable.
     async fn ping(&self) -> Result<(), Error> {
         let mut result = Ok(());
-        for conn in self.connections.iter() {
+        for conn in self.shared.connections.iter() {
             let ping = || {
                 let mut conn = conn.clone();
-                self.bounded(async move { redis::cmd("PING").query_async::<()>(&mut conn).await })
+                self.shared.bounded(async move { redis::cmd("PING").query_async::<()>(&mut conn).await })
             };
             // A connection that failed before answers its first use with the old error and
             // reconnects; one retry (not after a timeout, which would only double the wait)

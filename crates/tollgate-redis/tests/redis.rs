@@ -276,3 +276,40 @@ async fn hash_stored_rules_of_a_set_share_one_hash() {
     backend.reset("acme", &other).await.unwrap();
     assert!(server.keys().is_empty(), "an emptied hash is gone");
 }
+
+/// Script calls made so far (`EVALSHA` and `EVAL` in `INFO commandstats`).
+fn script_calls(server: &RedisServer) -> u64 {
+    let info: String = server.command(&["INFO", "commandstats"]);
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_operations_are_coalesced_and_stay_exact() {
+    let server = RedisServer::start();
+    let rules = RuleSet::new([Rule::fixed_window(1000, p("1y")), Rule::gcra(3000, p("1y"), 1500)]).unwrap();
+    for (coalesce, name) in [(32, "coalesced"), (1, "alone")] {
+        let backend = Arc::new(
+            RedisBackend::builder(server.url())
+                .connections(1)
+                .coalesce(coalesce)
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        );
+        let before = script_calls(&server);
+        assert_eq!(race(&backend, name, &rules, 3000).await, 1000, "{name}");
+        let calls = script_calls(&server) - before;
+        if coalesce == 1 {
+            assert_eq!(calls, 3000, "one call per operation");
+        } else {
+            // 64 callers on one connection: most operations share a call.
+            assert!(calls < 1500, "{calls} script calls for 3,000 coalesced operations");
+        }
+        let left = backend.check(name, &rules, 0).await.unwrap();
+        assert_eq!(left.rules()[0].remaining, 0, "{name}");
+        assert_eq!(left.rules()[1].remaining, 500, "{name}: 1,000 taken from the bucket, no more");
+    }
+}

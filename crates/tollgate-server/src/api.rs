@@ -362,6 +362,7 @@ pub async fn check(
     let field = rules_field(&req.policy);
     let policy = resolve(&state, req.policy.as_deref(), req.limits)?;
     let verdict = state.limiter.check(&key, &policy, req.cost).await.map_err(|e| limit_problem(e, field))?;
+    state.live.record(&policy.name, &key, req.cost, &verdict);
     Ok(decision_response(&state, &policy, &verdict, None))
 }
 

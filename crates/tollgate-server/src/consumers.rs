@@ -110,6 +110,7 @@ async fn decide(
     whom: &str,
 ) -> Result<Response, Problem> {
     let verdict = state.limiter.check(key, policy, cost).await.map_err(|e| limit_problem(e, "consumer"))?;
+    state.live.record(&policy.name, key, cost, &verdict);
     let mut body = DecisionBody::new(policy, &verdict, None);
     body.message = denial_message(policy, &verdict, whom);
     Ok(respond(state, policy, &verdict, body))

@@ -16,8 +16,10 @@
 
 pub mod admin;
 pub mod api;
+pub mod console;
 pub mod consumers;
 pub mod headers;
+pub mod live;
 mod openapi;
 pub mod ops;
 pub mod problem;
@@ -78,6 +80,11 @@ pub fn router(state: AppState) -> Router {
             axum::routing::put(admin::update_consumer_limit).delete(admin::delete_consumer_limit),
         )
         .route("/v1/consumers/{consumer}/call-limits", get(consumers::call_limits))
+        .route("/v1/admin/me", get(console::me))
+        .route("/v1/admin/live/policies/{name}", get(live::policy_live))
+        .route("/console", get(console::index))
+        .route("/console/", get(console::index))
+        .route("/console/assets/{file}", get(console::asset))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use crate::{admin, api, consumers, ops, problem};
+use crate::{admin, api, console, consumers, live, ops, problem};
 
 /// Tollgate's HTTP API.
 #[derive(OpenApi)]
@@ -34,7 +34,9 @@ use crate::{admin, api, consumers, ops, problem};
         admin::list_consumer_limits,
         admin::create_consumer_limit,
         admin::update_consumer_limit,
-        admin::delete_consumer_limit
+        admin::delete_consumer_limit,
+        console::me,
+        live::policy_live
     ),
     components(schemas(
         api::CheckRequest,
@@ -54,7 +56,9 @@ pub struct ApiDoc;
 mod tests {
     use super::*;
 
-    /// Every route of [`crate::router`], with its methods; keep in step with it.
+    /// Every route of [`crate::router`], with its methods; keep in step with it. Not the API,
+    /// so not described: the console's page and assets (`/console`, `/console/`,
+    /// `/console/assets/{file}`) and `/openapi.json` itself.
     const ROUTES: &[(&str, &[&str])] = &[
         ("/v1/check", &["post"]),
         ("/v1/acquire", &["post"]),
@@ -73,6 +77,8 @@ mod tests {
         ("/v1/admin/audit", &["get"]),
         ("/v1/admin/consumers/{consumer}/limits", &["get", "post"]),
         ("/v1/admin/consumers/{consumer}/limits/{id}", &["put", "delete"]),
+        ("/v1/admin/me", &["get"]),
+        ("/v1/admin/live/policies/{name}", &["get"]),
     ];
 
     #[test]

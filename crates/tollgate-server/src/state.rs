@@ -26,6 +26,8 @@ pub struct AppState {
     pub(crate) stored: Arc<ArcSwap<StoredPolicies>>,
     pub(crate) consumers: Arc<ArcSwap<StoredConsumers>>,
     pub(crate) envoy: Option<tollgate_envoy::EnvoyService>,
+    /// Decisions per second and keys near their limits, for the console (bounded).
+    pub(crate) live: Arc<crate::live::Live>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -67,6 +69,7 @@ impl AppState {
             stored: Arc::default(),
             consumers: Arc::default(),
             envoy: None,
+            live: Arc::default(),
         }
     }
 

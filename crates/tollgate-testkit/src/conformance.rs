@@ -524,7 +524,8 @@ pub async fn batch_bad_input_is_an_error(h: &Harness<impl Backend>) {
     assert!(matches!(h.backend.check_batch(&[]).await, Err(Error::BatchSize { parts: 0, max: 64 })));
     let many: Vec<Part<'_>> = (0..65).map(|_| Part::new(&key, &rules, 1).in_group(7)).collect();
     assert!(matches!(h.backend.check_batch(&many).await, Err(Error::BatchSize { parts: 65, .. })));
-    let cases: [(Vec<Part<'_>>, fn(&Error) -> bool); 3] = [
+    type Case<'a> = (Vec<Part<'a>>, fn(&Error) -> bool);
+    let cases: [Case<'_>; 3] = [
         (vec![Part::new(&key, &rules, 1), Part::new("", &rules, 1)], |e| {
             matches!(e, Error::InvalidKey(KeyError::Empty))
         }),

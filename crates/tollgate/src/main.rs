@@ -2,7 +2,9 @@
 //! configuration file. Wires the crates together (config, backend, limiter, server) and owns
 //! the process: logging, signals, reloading.
 
+mod bench;
 mod client;
+mod proxy;
 mod serve;
 
 use std::net::SocketAddr;
@@ -30,6 +32,15 @@ enum Command {
     /// in-memory backend and the example policies. A configuration file is reloaded when it
     /// changes; a file with a mistake is refused with its line and the last good one stays.
     Serve(ServeArgs),
+    /// Run a rate-limiting reverse proxy in front of one HTTP upstream.
+    ///
+    /// Requests are matched to the routes file's policies (from --config) and keyed as it says;
+    /// admitted ones are forwarded with their bodies streamed, refused ones answered 429 here.
+    Proxy(proxy::ProxyArgs),
+    /// Load a Redis, a Tollgate server or an Envoy-protocol service with rate-limit decisions
+    /// and report decisions/s, allowed/denied, latency percentiles and, against Redis, Redis
+    /// CPU per decision.
+    Bench(bench::BenchArgs),
     /// Validate a configuration file and list its policies; exits non-zero on a mistake.
     CheckConfig {
         /// The TOML file to check.
@@ -129,6 +140,8 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve(args) => run(serve::run(args)),
+        Command::Bench(args) => run(bench::run(args)),
+        Command::Proxy(args) => run(proxy::run(args)),
         Command::Policy { remote, command } => run(client::policy(remote, command)),
         Command::Consumer { remote, command } => run(client::consumer(remote, command)),
         Command::Token(TokenCommand::Create { name, role, apps, database }) => run(async move {

@@ -41,7 +41,7 @@ fn init_logging(json: bool) {
     if json { builder.json().init() } else { builder.init() }
 }
 
-fn backend(config: &Config) -> anyhow::Result<(Arc<dyn Backend>, &'static str)> {
+pub(crate) fn backend(config: &Config) -> anyhow::Result<(Arc<dyn Backend>, &'static str)> {
     let b = &config.backend;
     Ok(match b.kind {
         BackendKind::Memory => (Arc::new(MemoryBackend::new()), "memory"),
@@ -51,6 +51,7 @@ fn backend(config: &Config) -> anyhow::Result<(Arc<dyn Backend>, &'static str)> 
                 .prefix(b.prefix.clone())
                 .timeout(b.timeout)
                 .connections(b.connections)
+                .coalesce(b.coalesce)
                 .build()
                 .context("cannot configure the Redis backend")?;
             (Arc::new(redis), "redis")
@@ -58,7 +59,7 @@ fn backend(config: &Config) -> anyhow::Result<(Arc<dyn Backend>, &'static str)> 
     })
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

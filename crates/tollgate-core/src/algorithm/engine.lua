@@ -21,123 +21,121 @@ if not now then
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
 
--- The parts; each rule is {key, p (field prefix), at (its first argument)}, also its slot.
-local parts = {}
-local at, k = 2, 0
-while at <= #ARGV do
-  local part = {op = ARGV[at], amount = tonumber(ARGV[at + 1]), lease_id = ARGV[at + 2],
-                lease_units = tonumber(ARGV[at + 3]), joins = ARGV[at + 4] == '1', rules = {}}
-  local n = tonumber(ARGV[at + 5])
-  at = at + PART_HEADER
-  for j = 1, n do
-    k = k + 1
-    part.rules[j] = {key = KEYS[k], p = ARGV[at + 5], at = at}
-    at = at + PER_RULE
-  end
-  parts[#parts + 1] = part
-end
-
-local function load(rule)
-  local at = rule.at
-  rule.algorithm = ALGORITHMS[tonumber(ARGV[at])]
-  rule.state = rule.algorithm.load(rule, now, tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
-                                   tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]))
-  rule.demand = 0
-end
-
 local reply = {now}
+-- Every part's rules, in order: {key, p (field prefix), at (its first argument), and its
+-- part's op, cost, amount and lease}. A rule table is also the rule's slot (see hload) and holds its
+-- state; in a group where several parts name one state, the later ones point at the first
+-- (`same`).
+local R = {}
 
--- Runs parts[first..last], one group.
-local function run(first, last)
-  -- 1. Load and refresh each state once: parts of a group naming the same state share it.
-  local states, seen = {}, {}
-  for i = first, last do
-    local part = parts[i]
-    part.states = {}
-    for j, rule in ipairs(part.rules) do
-      local state = rule
-      if first == last then
-        load(rule)
-        states[#states + 1] = rule
+-- Runs the rules R[lo..hi], one group's; `joint` when the group has several parts.
+local function run(lo, hi, joint)
+  -- 1. Load and refresh each state once, and add up what the group asks of it.
+  local seen = joint and {}
+  for i = lo, hi do
+    local r = R[i]
+    local s = r
+    if joint then
+      local id = r.key .. '\0' .. r.p
+      s = seen[id]
+      if s then
+        r.same = s
       else
-        local id = rule.key .. '\0' .. rule.p
-        state = seen[id]
-        if not state then
-          state = rule
-          seen[id] = rule
-          load(rule)
-          states[#states + 1] = rule
-        end
+        s = r
+        seen[id] = r
       end
-      part.states[j] = state
-      if part.op == 'check' or part.op == 'acquire' then
-        state.demand = state.demand + part.amount
-      end
-      if part.op == 'acquire' then
-        state.lease_id = part.lease_id
-      end
+    end
+    if s == r then
+      local at = r.at
+      r.algorithm = ALGORITHMS[tonumber(ARGV[at])]
+      r.state = r.algorithm.load(r, now, tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
+                                 tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]))
+      r.demand = 0
+    end
+    s.demand = s.demand + r.cost
+    if r.op == 'acquire' then
+      s.lease_id = r.lease_id
     end
   end
 
   -- 2. Refunds and releases.
-  for i = first, last do
-    local part = parts[i]
-    for _, state in ipairs(part.states) do
-      if part.op == 'refund' and state.algorithm.refund then -- leases go back by release
-        state.algorithm.refund(state.state, now, part.amount)
-      elseif part.op == 'release' and state.algorithm.release then
-        state.algorithm.release(state.state, now, part.lease_id, part.lease_units)
-      end
+  for i = lo, hi do
+    local r = R[i]
+    local s = r.same or r
+    if r.op == 'refund' and s.algorithm.refund then -- leases go back by release
+      s.algorithm.refund(s.state, now, r.amount)
+    elseif r.op == 'release' and s.algorithm.release then
+      s.algorithm.release(s.state, now, r.lease_id, tonumber(r.lease_units))
     end
   end
 
   -- 3. Decide each state for its demand (a peek asks about one unit).
   local admitted = true
-  for _, state in ipairs(states) do
-    state.admits, state.wait = state.algorithm.decide(state.state, now, math.max(state.demand, 1))
-    admitted = admitted and state.admits
+  for i = lo, hi do
+    local s = R[i]
+    if not s.same then
+      s.admits, s.wait = s.algorithm.decide(s.state, now, math.max(s.demand, 1))
+      admitted = admitted and s.admits
+    end
   end
 
   -- 4. All or nothing: consume only if every state admits.
   if admitted then
-    for _, state in ipairs(states) do
-      if state.demand > 0 then
-        if state.algorithm.acquire then
-          if state.lease_id then
-            state.algorithm.acquire(state.state, now, state.demand, state.lease_id)
+    for i = lo, hi do
+      local s = R[i]
+      if not s.same and s.demand > 0 then
+        if s.algorithm.acquire then
+          if s.lease_id then
+            s.algorithm.acquire(s.state, now, s.demand, s.lease_id)
           end
         else
-          state.algorithm.consume(state.state, now, state.demand)
+          s.algorithm.consume(s.state, now, s.demand)
         end
       end
     end
   end
 
   -- 5. Report.
-  for i = first, last do
-    for _, state in ipairs(parts[i].states) do
-      local remaining, reset_after = state.algorithm.report(state.state, now)
-      local admits, retry_after = 0, 0
-      if state.admits then
-        admits = 1
-      else
-        retry_after = state.wait
-      end
-      reply[#reply + 1] = admits
-      reply[#reply + 1] = remaining
-      reply[#reply + 1] = reset_after
-      reply[#reply + 1] = retry_after
+  for i = lo, hi do
+    local s = R[i].same or R[i]
+    local remaining, reset_after = s.algorithm.report(s.state, now)
+    local admits, retry_after = 0, 0
+    if s.admits then
+      admits = 1
+    else
+      retry_after = s.wait
     end
+    reply[#reply + 1] = admits
+    reply[#reply + 1] = remaining
+    reply[#reply + 1] = reset_after
+    reply[#reply + 1] = retry_after
   end
 end
 
-local first = 1
-while first <= #parts do
-  local last = first
-  while parts[last + 1] and parts[last + 1].joins do
-    last = last + 1
+-- Reads the parts, running each group once it is complete.
+local at, k, lo, parts_in_group = 2, 0, 1, 0
+local args = #ARGV
+while at <= args do
+  local op, amount, lease_id, lease_units = ARGV[at], tonumber(ARGV[at + 1]), ARGV[at + 2], ARGV[at + 3]
+  local cost = 0
+  if op == 'check' or op == 'acquire' then
+    cost = amount
   end
-  run(first, last)
-  first = last + 1
+  if ARGV[at + 4] ~= '1' and parts_in_group > 0 then -- a new group: run the one before
+    run(lo, k, parts_in_group > 1)
+    lo, parts_in_group = k + 1, 0
+  end
+  parts_in_group = parts_in_group + 1
+  local n = tonumber(ARGV[at + 5])
+  at = at + PART_HEADER
+  for _ = 1, n do
+    k = k + 1
+    R[k] = {key = KEYS[k], p = ARGV[at + 5], at = at, op = op, cost = cost, amount = amount,
+            lease_id = lease_id, lease_units = lease_units}
+    at = at + PER_RULE
+  end
+end
+if parts_in_group > 0 then
+  run(lo, k, parts_in_group > 1)
 end
 return reply

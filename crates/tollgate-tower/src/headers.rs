@@ -1,0 +1,138 @@
+//! Rate-limit response headers, as the server writes them: the de-facto `X-RateLimit-*` trio,
+//! `Retry-After`, and the IETF draft's `RateLimit-Policy` and `RateLimit` structured fields, one
+//! item per rule. (A focused copy of `tollgate-server`'s `headers.rs`, which could reuse it.)
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, HeaderName, HeaderValue, header};
+use tollgate_config::ResetHeader;
+use tollgate_core::{Decision, Rule, RuleKind, RuleSet};
+
+/// The headers this crate writes, for `Access-Control-Expose-Headers`.
+pub const RATE_LIMIT_HEADERS: &str =
+    "retry-after, x-ratelimit-limit, x-ratelimit-remaining, x-ratelimit-reset, ratelimit-policy, ratelimit";
+
+/// Whole seconds in `d`, rounded up: a client told 0 would retry at once.
+pub fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// The name a rule is reported under: its own, or its algorithm and position.
+pub fn rule_name(rule: &Rule, index: usize) -> String {
+    rule.name.clone().unwrap_or_else(|| format!("{}.{index}", rule.algorithm()))
+}
+
+/// The time a rule's quota refers to: its period, or for bucket-like rules the time to refill
+/// from empty. None for concurrency, which has no window.
+fn window(kind: &RuleKind) -> Option<Duration> {
+    let scaled = |per: Duration, num: u64, den: u64| {
+        Duration::from_secs_f64(per.as_secs_f64() * num as f64 / den.max(1) as f64)
+    };
+    match kind {
+        RuleKind::FixedWindow { period, .. }
+        | RuleKind::SlidingWindowLog { period, .. }
+        | RuleKind::SlidingWindowCounter { period, .. } => Some(period.as_duration()),
+        RuleKind::TokenBucket { capacity, refill, per } => {
+            Some(scaled(per.as_duration(), *capacity, *refill))
+        }
+        RuleKind::Gcra { limit, period, burst } => Some(scaled(period.as_duration(), *burst, *limit)),
+        RuleKind::Concurrency { .. } => None,
+    }
+}
+
+/// An RFC 8941 String: printable ASCII only, with `"` and `\` escaped.
+fn sf_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+}
+
+fn insert(headers: &mut HeaderMap, name: &'static str, value: String) {
+    if let Ok(value) = HeaderValue::try_from(value) {
+        headers.insert(HeaderName::from_static(name), value);
+    }
+}
+
+/// Writes the headers describing `decision` under `rules` into `headers`; `denied` adds
+/// `Retry-After` (whole seconds, rounded up, at least 1).
+pub fn rate_limit_headers(
+    headers: &mut HeaderMap,
+    rules: &RuleSet,
+    decision: &Decision,
+    reset: ResetHeader,
+    denied: bool,
+) {
+    let reset_secs = ceil_secs(decision.reset_after());
+    let reset_value = match reset {
+        ResetHeader::Delta => reset_secs,
+        ResetHeader::Epoch => {
+            let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+            ceil_secs(now) + reset_secs
+        }
+    };
+    headers.insert("x-ratelimit-limit", HeaderValue::from(decision.limit()));
+    headers.insert("x-ratelimit-remaining", HeaderValue::from(decision.remaining()));
+    headers.insert("x-ratelimit-reset", HeaderValue::from(reset_value));
+
+    let mut policy = String::new();
+    let mut state = String::new();
+    for (index, (rule, outcome)) in rules.rules().zip(decision.rules()).enumerate() {
+        let sep = if index == 0 { "" } else { ", " };
+        let name = rule_name(rule, index);
+        policy.push_str(sep);
+        sf_string(&mut policy, &name);
+        let _ = write!(policy, ";q={}", outcome.limit);
+        if let Some(w) = window(&rule.kind) {
+            let _ = write!(policy, ";w={}", ceil_secs(w).max(1));
+        }
+        state.push_str(sep);
+        sf_string(&mut state, &name);
+        let _ = write!(state, ";r={};t={}", outcome.remaining, ceil_secs(outcome.reset_after));
+    }
+    insert(headers, "ratelimit-policy", policy);
+    insert(headers, "ratelimit", state);
+
+    if denied {
+        let secs = ceil_secs(decision.retry_after()).max(1);
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::{ManualClock, MemoryBackend, Operation, Period};
+
+    #[test]
+    fn one_item_per_rule_and_retry_after_rounded_up() {
+        let rules = RuleSet::new([
+            Rule::fixed_window(2, Period::SECOND).named("sec\"ond"),
+            Rule::token_bucket(10, 5, Period::SECOND),
+        ])
+        .unwrap();
+        let backend = MemoryBackend::with_clock(ManualClock::at_wall_clock_second());
+        let mut d = backend.execute_now("k", &rules, Operation::Check { cost: 0 }).unwrap();
+        for _ in 0..3 {
+            d = backend.execute_now("k", &rules, Operation::Check { cost: 1 }).unwrap();
+        }
+        assert!(!d.allowed());
+        let mut h = HeaderMap::new();
+        rate_limit_headers(&mut h, &rules, &d, ResetHeader::Delta, true);
+        assert_eq!(h["ratelimit-policy"], r#""sec\"ond";q=2;w=1, "token_bucket.1";q=10;w=2"#);
+        assert_eq!(h["ratelimit"], r#""sec\"ond";r=0;t=1, "token_bucket.1";r=8;t=1"#);
+        assert_eq!(h["x-ratelimit-limit"], "2");
+        assert_eq!(h["x-ratelimit-remaining"], "0");
+        assert_eq!(h["retry-after"], "1");
+        assert_eq!(ceil_secs(Duration::from_millis(1001)), 2);
+    }
+}

@@ -1,0 +1,339 @@
+//! [`TollgateLayer`] and the [`Tollgate`] service it wraps around an inner one.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
+use sha2::{Digest, Sha256};
+use tollgate_config::ResetHeader;
+use tollgate_core::limits::MAX_KEY_BYTES;
+use tollgate_limiter::{LimitError, Limiter, Policy, Verdict};
+
+use crate::headers::{ceil_secs, rate_limit_headers};
+use crate::response::{Problem, is_grpc};
+use crate::route::{Action, RouteError, RouteTable};
+use crate::{Cors, Key, ResponseBody, Route};
+
+/// Why a layer could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A route pattern is malformed or conflicts with another.
+    #[error(transparent)]
+    Route(#[from] RouteError),
+    /// A policy holds a concurrency rule: units held at once need a lease released when the
+    /// work ends, which a per-request check does not do.
+    #[error("policy {policy:?} has a concurrency rule, which the layer does not support")]
+    ConcurrencyPolicy {
+        /// The policy's name.
+        policy: String,
+    },
+}
+
+/// What a limited request learned, put in its extensions for the handler: the key it was
+/// counted under, the policy applied and the verdict (shadow-mode denials included:
+/// `verdict.shadow_denied`).
+#[derive(Clone, Debug)]
+pub struct RateLimitInfo {
+    /// The key read from the request (`ip:203.0.113.7`, `hdr:x-api-key:<hash>`, `id:...`,
+    /// `global`, `fn:...`), before the policy's name scopes it.
+    pub key: String,
+    /// The policy applied.
+    pub policy: Arc<Policy>,
+    /// The limiter's verdict.
+    pub verdict: Verdict,
+}
+
+struct Shared {
+    limiter: Limiter,
+    key: Key,
+    default: Option<Arc<Policy>>,
+    routes: RouteTable,
+    exempt_preflight: bool,
+    cors: Option<Cors>,
+    reset: ResetHeader,
+}
+
+/// Builds a [`TollgateLayer`]; from [`TollgateLayer::builder`].
+#[must_use]
+pub struct Builder {
+    limiter: Limiter,
+    key: Key,
+    default: Option<Arc<Policy>>,
+    routes: Vec<Route>,
+    exempt_preflight: bool,
+    cors: Option<Cors>,
+    reset: ResetHeader,
+}
+
+impl Builder {
+    /// The key of every limited route that does not name its own (default:
+    /// [`Key::peer_ip`]).
+    pub fn key(mut self, key: Key) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// The policy of requests no route takes. Without one, such requests pass unlimited.
+    pub fn default_policy(mut self, policy: impl Into<Arc<Policy>>) -> Self {
+        self.default = Some(policy.into());
+        self
+    }
+
+    /// A route: limited by its own policy, or exempt.
+    pub fn route(mut self, route: Route) -> Self {
+        self.routes.push(route);
+        self
+    }
+
+    /// Shorthand for `.route(Route::exempt(pattern))`.
+    pub fn exempt(self, pattern: impl Into<String>) -> Self {
+        self.route(Route::exempt(pattern))
+    }
+
+    /// Whether CORS preflights (`OPTIONS` with `Access-Control-Request-Method`) pass without a
+    /// check (default: true). A browser sends one before many cross-origin requests; counting
+    /// both halves the limit, and a refused preflight shows as a CORS error, not a 429.
+    pub fn exempt_preflight(mut self, exempt: bool) -> Self {
+        self.exempt_preflight = exempt;
+        self
+    }
+
+    /// CORS headers on the layer's own answers (429, and its 400, 401 and 503), so the page's
+    /// script can read them and `Retry-After`.
+    pub fn cors(mut self, cors: Cors) -> Self {
+        self.cors = Some(cors);
+        self
+    }
+
+    /// `X-RateLimit-Reset` as seconds from now (default) or a Unix time.
+    pub fn reset_header(mut self, reset: ResetHeader) -> Self {
+        self.reset = reset;
+        self
+    }
+
+    /// The layer, once every route is valid.
+    pub fn build(self) -> Result<TollgateLayer, BuildError> {
+        let mut routes = RouteTable::default();
+        for route in self.routes {
+            routes.add(route)?;
+        }
+        let limited = routes.routes().filter_map(|r| match &r.action {
+            Action::Limit { policy, .. } => Some(policy),
+            Action::Exempt => None,
+        });
+        if let Some(p) = limited.chain(&self.default).find(|p| p.rules.has_concurrency()) {
+            return Err(BuildError::ConcurrencyPolicy { policy: p.name.to_string() });
+        }
+        let shared = Shared {
+            limiter: self.limiter,
+            key: self.key,
+            default: self.default,
+            routes,
+            exempt_preflight: self.exempt_preflight,
+            cors: self.cors,
+            reset: self.reset,
+        };
+        Ok(TollgateLayer { shared: Arc::new(shared) })
+    }
+}
+
+/// A tower [`Layer`](tower::Layer) that rate-limits requests before they reach the service.
+///
+/// Each request is matched to a [`Route`] (or the default policy), keyed by a [`Key`], and
+/// checked against the [`Limiter`]: admitted requests reach the service and get the rate-limit
+/// headers on their response; refused ones are answered 429 with `Retry-After` and an RFC 9457
+/// problem+json body (under gRPC: `RESOURCE_EXHAUSTED`). The limiter's failure policy, shadow
+/// mode and `delay` strategy apply as in the server. Cheap to clone.
+#[derive(Clone)]
+pub struct TollgateLayer {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for TollgateLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TollgateLayer")
+            .field("limiter", &self.shared.limiter)
+            .field("key", &self.shared.key)
+            .field("default", &self.shared.default.as_ref().map(|p| &p.name))
+            .finish_non_exhaustive()
+    }
+}
+
+impl TollgateLayer {
+    /// A builder over `limiter` (see [`crate::in_memory`] for one in this process).
+    pub fn builder(limiter: Limiter) -> Builder {
+        Builder {
+            limiter,
+            key: Key::peer_ip(),
+            default: None,
+            routes: Vec::new(),
+            exempt_preflight: true,
+            cors: None,
+            reset: ResetHeader::Delta,
+        }
+    }
+
+    /// The limiter behind the layer.
+    pub fn limiter(&self) -> &Limiter {
+        &self.shared.limiter
+    }
+}
+
+impl<S> tower::Layer<S> for TollgateLayer {
+    type Service = Tollgate<S>;
+
+    fn layer(&self, inner: S) -> Tollgate<S> {
+        Tollgate { inner, shared: Arc::clone(&self.shared) }
+    }
+}
+
+/// The service a [`TollgateLayer`] wraps around `S`.
+#[derive(Clone)]
+pub struct Tollgate<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> std::fmt::Debug for Tollgate<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tollgate").finish_non_exhaustive()
+    }
+}
+
+/// What the layer decided before the inner service is called.
+enum Gate {
+    /// Not limited: call the service, add nothing.
+    Pass,
+    /// Admitted: call the service, add these headers.
+    Admit(HeaderMap, RateLimitInfo),
+    /// Answered by the layer.
+    Answer(Problem, HeaderMap),
+}
+
+fn is_preflight<B>(req: &Request<B>) -> bool {
+    req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
+}
+
+/// The limiter's key: the policy's name scopes it, so two routes limit separately even with
+/// equal rules; hashed when it would be too long.
+fn limiter_key(policy: &str, key: &str) -> String {
+    let full = format!("{policy}:{key}");
+    if full.len() <= MAX_KEY_BYTES {
+        return full;
+    }
+    let digest = Sha256::digest(full.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{policy}:sha256:{hex}")
+}
+
+impl Shared {
+    /// Decides on `req`, handing it back for the inner service.
+    async fn gate<B>(&self, req: Request<B>) -> (Request<B>, Gate) {
+        if self.exempt_preflight && is_preflight(&req) {
+            return (req, Gate::Pass);
+        }
+        let (policy, key) = match self.routes.find(req.uri().path(), req.method()) {
+            Some(Action::Exempt) => return (req, Gate::Pass),
+            Some(Action::Limit { policy, key }) => (policy, key.as_ref().unwrap_or(&self.key)),
+            None => match &self.default {
+                Some(policy) => (policy, &self.key),
+                None => return (req, Gate::Pass),
+            },
+        };
+        // The extractors read the request's head; taking it apart and back is only moves.
+        let (parts, body) = req.into_parts();
+        let extracted = key.extract(&parts);
+        let req = Request::from_parts(parts, body);
+        (req, self.decide(policy, extracted).await)
+    }
+
+    async fn decide(
+        &self,
+        policy: &Arc<Policy>,
+        extracted: Result<String, (crate::ExtractError, crate::Rejection)>,
+    ) -> Gate {
+        let key = match extracted {
+            Ok(key) => key,
+            Err((e, rejection)) => {
+                tracing::debug!(error = %e, policy = %policy.name, "rate-limit key unreadable");
+                return Gate::Answer(
+                    Problem::key_refused(rejection.status(), e.to_string()),
+                    HeaderMap::new(),
+                );
+            }
+        };
+        let verdict = match self.limiter.check(&limiter_key(&policy.name, &key), policy, 1).await {
+            Ok(v) => v,
+            Err(LimitError::Unavailable(e)) => {
+                let mut headers = HeaderMap::new();
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(1));
+                let detail = format!("{e}; the failure policy is closed, so no request is admitted");
+                return Gate::Answer(Problem::unavailable(detail), headers);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, policy = %policy.name, "rate-limit check refused its input");
+                return Gate::Answer(Problem::internal(), HeaderMap::new());
+            }
+        };
+        let mut headers = HeaderMap::new();
+        let allowed = verdict.allowed();
+        rate_limit_headers(&mut headers, &policy.rules, &verdict.decision, self.reset, !allowed);
+        if allowed {
+            Gate::Admit(headers, RateLimitInfo { key, policy: Arc::clone(policy), verdict })
+        } else {
+            let secs = ceil_secs(verdict.decision.retry_after()).max(1);
+            Gate::Answer(Problem::rate_limited(&policy.name, secs), headers)
+        }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<S, B, ResBody> tower::Service<Request<B>> for Tollgate<S>
+where
+    S: tower::Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The service that was polled ready is the one to call; a fresh clone takes its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let grpc = is_grpc(req.headers());
+            let origin = req.headers().get(header::ORIGIN).cloned();
+            let (mut req, gate) = shared.gate(req).await;
+            match gate {
+                Gate::Pass => Ok(inner.call(req).await?.map(ResponseBody::inner)),
+                Gate::Admit(headers, info) => {
+                    req.extensions_mut().insert(info);
+                    let mut response = inner.call(req).await?.map(ResponseBody::inner);
+                    response.headers_mut().extend(headers);
+                    Ok(response)
+                }
+                Gate::Answer(problem, headers) => {
+                    let mut response = problem.into_response(grpc, headers);
+                    if let Some(cors) = &shared.cors {
+                        cors.apply(response.headers_mut(), origin.as_ref());
+                    }
+                    Ok(response)
+                }
+            }
+        })
+    }
+}

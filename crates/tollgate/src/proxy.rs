@@ -1,0 +1,241 @@
+//! `tollgate proxy`: a reverse proxy that rate-limits with the tower layer before forwarding to
+//! one upstream. Bodies stream both ways; nothing is buffered whole.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use ipnet::IpNet;
+use tollgate_config::Config;
+use tollgate_limiter::Limiter;
+use tollgate_tower::RoutesConfig;
+use tracing_subscriber::EnvFilter;
+
+/// Arguments of `tollgate proxy`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ProxyArgs {
+    /// Where requests go once admitted: http://host:port[/prefix] (the request's path and query
+    /// are appended).
+    #[arg(long, env = "TOLLGATE_UPSTREAM", value_name = "URL")]
+    upstream: Uri,
+    /// Configuration file: the backend and the named policies (TOML; see tollgate.example.toml).
+    /// Without it, the built-in configuration.
+    #[arg(long, env = "TOLLGATE_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Routes file (TOML): which policy and key for which path (see the README's "Gateway
+    /// mode"). Without it, the policy "default" limits every request by peer address.
+    #[arg(long, env = "TOLLGATE_ROUTES", value_name = "FILE")]
+    routes: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, env = "TOLLGATE_PROXY_LISTEN", value_name = "ADDR", default_value = "127.0.0.1:8000")]
+    listen: SocketAddr,
+    /// Keep counters in Redis (overrides the config's [backend]).
+    #[arg(long, env = "TOLLGATE_REDIS_URL", value_name = "URL")]
+    redis: Option<String>,
+    /// Longest wait for the upstream's response headers before answering 504 ("30s", "500ms").
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    upstream_timeout: Duration,
+    /// Log JSON lines instead of text.
+    #[arg(long, env = "TOLLGATE_JSON_LOGS")]
+    json_logs: bool,
+}
+
+/// What every forwarded request needs.
+struct Upstream {
+    client: Client<HttpConnector, Body>,
+    base: Uri,
+    timeout: Duration,
+    /// Peers whose X-Forwarded-Proto and -Host are passed on (the routes' trusted proxies).
+    trusted: Vec<IpNet>,
+}
+
+/// Headers that describe one connection, not the message: never forwarded (RFC 9110 7.6.1).
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Headers named in Connection are hop-by-hop too.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove(header::UPGRADE);
+}
+
+fn problem(status: StatusCode, slug: &str, title: &str, detail: String) -> Response {
+    let body = serde_json::json!({
+        "type": format!("https://github.com/tollgate-rs/tollgate/blob/main/README.md#{slug}"),
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut response = (status, body.to_string()).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    response
+}
+
+impl Upstream {
+    fn uri(&self, uri: &Uri) -> Result<Uri, axum::http::Error> {
+        let prefix = self.base.path().trim_end_matches('/');
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut parts = self.base.clone().into_parts();
+        parts.path_and_query = Some(format!("{prefix}{path}").parse()?);
+        Ok(Uri::from_parts(parts)?)
+    }
+
+    /// Sets the X-Forwarded-* headers: the peer appended to X-Forwarded-For; Proto and Host
+    /// passed on from trusted proxies, else written from this hop (a client must not choose
+    /// them).
+    fn forwarded_headers(&self, headers: &mut HeaderMap, peer: IpAddr) {
+        let peer = peer.to_canonical();
+        let xff = HeaderName::from_static("x-forwarded-for");
+        let before: Vec<&str> = headers.get_all(&xff).iter().filter_map(|v| v.to_str().ok()).collect();
+        let mut chain = before.join(", ");
+        if !chain.is_empty() {
+            chain.push_str(", ");
+        }
+        chain.push_str(&peer.to_string());
+        if let Ok(value) = HeaderValue::try_from(chain) {
+            headers.insert(xff, value);
+        }
+        let trusted = self.trusted.iter().any(|n| n.contains(&peer));
+        let proto = HeaderName::from_static("x-forwarded-proto");
+        if !(trusted && headers.contains_key(&proto)) {
+            headers.insert(proto, HeaderValue::from_static("http"));
+        }
+        let forwarded_host = HeaderName::from_static("x-forwarded-host");
+        if !(trusted && headers.contains_key(&forwarded_host)) {
+            match headers.get(header::HOST).cloned() {
+                Some(host) => headers.insert(forwarded_host, host),
+                None => headers.remove(forwarded_host),
+            };
+        }
+        // The client fills Host from the upstream's URI.
+        headers.remove(header::HOST);
+    }
+}
+
+async fn forward(
+    State(upstream): State<Arc<Upstream>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+) -> Response {
+    let (mut parts, body) = req.into_parts();
+    let uri = match upstream.uri(&parts.uri) {
+        Ok(uri) => uri,
+        Err(e) => {
+            return problem(StatusCode::BAD_REQUEST, "gateway-mode", "Invalid request", e.to_string());
+        }
+    };
+    strip_hop_by_hop(&mut parts.headers);
+    upstream.forwarded_headers(&mut parts.headers, peer.ip());
+    parts.uri = uri;
+    // HTTP/1.1 to the upstream, whatever the client spoke.
+    parts.version = axum::http::Version::HTTP_11;
+    let request = Request::from_parts(parts, body);
+    match tokio::time::timeout(upstream.timeout, upstream.client.request(request)).await {
+        Ok(Ok(response)) => {
+            let (mut parts, body) = response.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Response::from_parts(parts, Body::new(body))
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, upstream = %upstream.base, "upstream request failed");
+            let detail = format!("the upstream {} could not be reached: {e}", upstream.base);
+            problem(StatusCode::BAD_GATEWAY, "gateway-mode", "Bad gateway", detail)
+        }
+        Err(_) => {
+            let detail = format!("the upstream did not answer within {:?}", upstream.timeout);
+            problem(StatusCode::GATEWAY_TIMEOUT, "gateway-mode", "Gateway timeout", detail)
+        }
+    }
+}
+
+pub(crate) async fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if args.json_logs {
+        logs.json().init()
+    } else {
+        logs.init()
+    }
+
+    if args.upstream.scheme_str() != Some("http") || args.upstream.authority().is_none() {
+        anyhow::bail!("--upstream must be an http://host:port URL (got {})", args.upstream);
+    }
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::builtin(),
+    };
+    if let Some(url) = &args.redis {
+        config.backend.use_redis(url.clone())?;
+    }
+    let routes = match &args.routes {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+            RoutesConfig::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => RoutesConfig { default_policy: Some("default".into()), ..RoutesConfig::default() },
+    };
+    let (backend, backend_name) = crate::serve::backend(&config)?;
+    let limiter = Limiter::new(backend, backend_name, config.limiter_settings());
+    let policies = config.policies.clone();
+    let layer = routes.build(limiter, |name| policies.get(name).cloned()).with_context(|| {
+        format!("in {}", args.routes.as_ref().map_or("the routes".into(), |p| p.display().to_string()))
+    })?;
+    let mut trusted_text = routes.key.trusted_proxies();
+    for key in routes.routes.iter().filter_map(|r| r.key.as_ref()) {
+        trusted_text.extend(key.trusted_proxies());
+    }
+    let trusted = trusted_text
+        .iter()
+        .filter_map(|s| s.parse::<IpNet>().or_else(|_| s.parse::<IpAddr>().map(IpNet::from)).ok())
+        .collect();
+
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(args.upstream_timeout));
+    let client = Client::builder(TokioExecutor::new()).build(connector);
+    let upstream =
+        Arc::new(Upstream { client, base: args.upstream.clone(), timeout: args.upstream_timeout, trusted });
+
+    let app = Router::new().fallback(forward).with_state(upstream).layer(layer);
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    tracing::info!(address = %listener.local_addr()?, upstream = %args.upstream, backend = backend_name,
+        "tollgate proxy is listening");
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(crate::serve::shutdown_signal())
+        .await
+        .context("proxy server error")
+}

@@ -1,0 +1,70 @@
+//! `tollgate bench` against each kind of target: a private Redis (the in-process client path,
+//! coalesced), a running `tollgate serve` over HTTP, and its Envoy gRPC service. Each run uses a
+//! limit that no window refills during the run, so the admitted count must be exact.
+
+mod common;
+
+use std::process::Command;
+
+use common::{Tollgate, inside_window};
+use serde_json::Value;
+
+/// Runs `tollgate bench --json` with `args`; its summary.
+fn bench(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("bench")
+        .args(["--keys", "3", "--limit", "50", "--concurrency", "8", "--duration", "1s", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// 3 keys x 50 admitted, the rest denied, no errors.
+fn assert_exact(summary: &Value) {
+    let n = |field: &str| summary[field].as_u64().unwrap();
+    assert_eq!(n("errors"), 0, "{summary}");
+    assert!(n("decisions") > 150, "too few decisions to spend every key: {summary}");
+    assert_eq!(n("allowed"), 150, "{summary}");
+    assert_eq!(n("allowed") + n("denied"), n("decisions"));
+    let latency = &summary["latency_us"];
+    assert!(latency["p50"].as_u64().unwrap() <= latency["p99"].as_u64().unwrap(), "{summary}");
+}
+
+#[test]
+fn against_redis_it_reports_redis_cpu_per_decision() {
+    let redis = tollgate_testkit::RedisServer::start();
+    let summary = bench(&["--target", &redis.url(), "--algorithm", "gcra", "--period", "1y"]);
+    assert_exact(&summary);
+    assert!(summary["redis_cpu_us_per_decision"].as_f64().unwrap() > 0.0, "{summary}");
+    let calls = summary["redis_calls_per_decision"].as_f64().unwrap();
+    assert!(calls > 0.0 && calls <= 1.0, "{summary}");
+    // Without coalescing: one script call per decision, and still exact.
+    let summary = bench(&["--target", &redis.url(), "--period", "1y", "--coalesce", "1"]);
+    assert_eq!(summary["allowed"].as_u64(), Some(0), "the same keys are spent: {summary}");
+    assert_eq!(summary["redis_calls_per_decision"].as_f64(), Some(1.0), "{summary}");
+}
+
+#[tokio::test]
+async fn against_a_server_over_http_and_grpc() {
+    let grpc = format!("127.0.0.1:{}", tollgate_testkit::free_port());
+    let server = Tollgate::start("", &["--grpc-listen", &grpc]).await;
+    let summary =
+        bench(&["--target", &server.base, "--algorithm", "sliding-window-counter", "--period", "1y"]);
+    assert_exact(&summary);
+    assert!(summary["redis_cpu_us_per_decision"].is_null());
+
+    inside_window(3600, 5).await;
+    let target = format!("grpc://{grpc}");
+    let summary = bench(&["--target", &target, "--algorithm", "fixed-window", "--period", "1h"]);
+    assert_exact(&summary);
+
+    // What the gRPC target cannot express is refused up front.
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["bench", "--target", &target, "--algorithm", "gcra", "--duration", "1s"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fixed window"));
+}
