@@ -123,6 +123,8 @@ pub struct BackendSettings {
     pub connections: usize,
     /// Most operations coalesced into one Redis script call (1: none).
     pub coalesce: usize,
+    /// Whether denials are answered locally until they expire.
+    pub deny_cache: bool,
     /// Failure policy and circuit breaker.
     pub limiter: LimiterSettings,
 }

@@ -68,6 +68,7 @@ struct BackendSection {
     timeout: Period,
     connections: Spanned<usize>,
     coalesce: Spanned<usize>,
+    deny_cache: bool,
     on_failure: FailurePolicy,
     failure_threshold: u32,
     probe_interval: Period,
@@ -83,6 +84,7 @@ impl Default for BackendSection {
             timeout: Period::from_millis(50).expect("50ms is a valid period"),
             connections: Spanned::new(0..0, 2),
             coalesce: Spanned::new(0..0, 32),
+            deny_cache: true,
             on_failure: limiter.on_failure,
             failure_threshold: limiter.failure_threshold,
             probe_interval: Period::from_millis(250).expect("250ms is a valid period"),
@@ -193,6 +195,7 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
             timeout: backend.timeout.as_duration(),
             connections: *backend.connections.get_ref(),
             coalesce: *backend.coalesce.get_ref(),
+            deny_cache: backend.deny_cache,
             limiter: LimiterSettings {
                 on_failure: backend.on_failure,
                 failure_threshold: backend.failure_threshold,

@@ -23,6 +23,7 @@
 //! ```
 
 mod coalesce;
+mod deny_cache;
 mod keys;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,6 +41,7 @@ use tollgate_core::{
 };
 
 use crate::coalesce::Coalescer;
+use crate::deny_cache::DenyCache;
 
 pub use keys::PrefixError;
 
@@ -72,6 +74,7 @@ pub struct RedisBackendBuilder {
     timeout: Duration,
     connections: usize,
     coalesce: usize,
+    deny_cache: bool,
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -106,6 +109,16 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Answer a key denied until T locally until T (default on): T is the denial's own
+    /// `retry_after`, counted from when the request was sent, so no answer differs from what
+    /// Redis would say, except after a reset or refund of that key through another instance.
+    /// Rule sets with concurrency leases are never cached. Off when a clock is injected (the
+    /// cache runs on real time).
+    pub fn deny_cache(mut self, enabled: bool) -> Self {
+        self.deny_cache = enabled;
+        self
+    }
+
     /// Decide at `clock`'s time instead of Redis's `TIME` (for tests that move time by hand).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
@@ -137,6 +150,7 @@ impl RedisBackendBuilder {
             .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(ConfigError::Url)?;
+        let deny_cache = (self.deny_cache && self.clock.is_none()).then(DenyCache::new);
         let shared = Arc::new(Shared {
             connections: connections.into(),
             next: AtomicUsize::new(0),
@@ -146,7 +160,7 @@ impl RedisBackendBuilder {
             clock: self.clock,
         });
         let coalescer = (self.coalesce > 1).then(|| Coalescer::start(Arc::clone(&shared), self.coalesce));
-        Ok(RedisBackend { shared, coalescer })
+        Ok(RedisBackend { shared, coalescer, deny_cache })
     }
 }
 
@@ -155,6 +169,8 @@ pub struct RedisBackend {
     shared: Arc<Shared>,
     /// Present when operations are coalesced into batches.
     coalescer: Option<Coalescer>,
+    /// Present when denials are answered locally until they expire.
+    deny_cache: Option<DenyCache>,
 }
 
 /// What every operation uses: connections, prepared scripts, key names, timeout, clock.
@@ -211,6 +227,7 @@ impl RedisBackend {
             timeout: Duration::from_millis(250),
             connections: 2,
             coalesce: 32,
+            deny_cache: true,
             clock: None,
         }
     }
@@ -278,11 +295,33 @@ impl Shared {
 impl Backend for RedisBackend {
     async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
         op.validate(key, rules)?;
-        if let Some(coalescer) = &self.coalescer {
-            return coalescer.execute(key, rules, op).await;
+        let check = match op {
+            Operation::Check { cost } => Some(cost),
+            Operation::Refund { .. } => {
+                if let Some(cache) = &self.deny_cache {
+                    cache.forget(key, rules);
+                }
+                None
+            }
+            Operation::Acquire { .. } | Operation::Release { .. } => None,
+        };
+        if let (Some(cache), Some(cost)) = (&self.deny_cache, check)
+            && let Some(denied) = cache.get(key, rules, cost)
+        {
+            return Ok(denied);
         }
-        let mut decisions = self.shared.run(&[(key, ScriptPart::alone(rules, op))]).await?;
-        Ok(decisions.pop().unwrap_or_else(|| unreachable!("one part, one decision")))
+        let sent = tokio::time::Instant::now();
+        let decision = match &self.coalescer {
+            Some(coalescer) => coalescer.execute(key, rules, op).await?,
+            None => {
+                let mut decisions = self.shared.run(&[(key, ScriptPart::alone(rules, op))]).await?;
+                decisions.pop().unwrap_or_else(|| unreachable!("one part, one decision"))
+            }
+        };
+        if let (Some(cache), Some(cost)) = (&self.deny_cache, check) {
+            cache.put(key, rules, cost, sent, &decision);
+        }
+        Ok(decision)
     }
 
     /// One script call for the whole batch: every part's keys are in one Redis (the keys of
@@ -311,6 +350,9 @@ impl Backend for RedisBackend {
 
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
         validate_key(key)?;
+        if let Some(cache) = &self.deny_cache {
+            cache.forget(key, rules);
+        }
         // Own keys go; in a shared hash only this set's fields do (other rule sets of the same
         // key may keep theirs there). One MULTI, so a reset is never half done.
         let mut pipe = redis::pipe();

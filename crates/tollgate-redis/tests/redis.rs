@@ -295,6 +295,7 @@ async fn concurrent_operations_are_coalesced_and_stay_exact() {
             RedisBackend::builder(server.url())
                 .connections(1)
                 .coalesce(coalesce)
+                .deny_cache(false) // every operation reaches Redis: count the calls
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap(),
@@ -312,4 +313,49 @@ async fn concurrent_operations_are_coalesced_and_stay_exact() {
         assert_eq!(left.rules()[0].remaining, 0, "{name}");
         assert_eq!(left.rules()[1].remaining, 500, "{name}: 1,000 taken from the bucket, no more");
     }
+}
+
+#[tokio::test]
+async fn denials_are_answered_locally_until_they_expire() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url()).timeout(Duration::from_secs(5)).build().unwrap();
+    // One a second from the first hit: the denial's wait is under a second, counted from the hit.
+    let rules = RuleSet::new([Rule::fixed_window_from_first_hit(1, Period::SECOND)]).unwrap();
+    assert!(backend.check("flood", &rules, 1).await.unwrap().allowed());
+    let first = backend.check("flood", &rules, 1).await.unwrap();
+    assert!(!first.allowed());
+    let calls = script_calls(&server);
+    let mut last_wait = first.retry_after();
+    for _ in 0..50 {
+        let d = backend.check("flood", &rules, 1).await.unwrap();
+        assert!(!d.allowed());
+        assert!(d.retry_after() <= last_wait, "the wait counts down");
+        last_wait = d.retry_after();
+    }
+    assert_eq!(script_calls(&server), calls, "denials answered without Redis");
+    // A peek asks for one unit, as the cached denial: also answered here. Another key, or
+    // another rule set, goes to Redis.
+    assert!(!backend.check("flood", &rules, 0).await.unwrap().allowed());
+    assert_eq!(script_calls(&server), calls);
+    let other = RuleSet::new([Rule::fixed_window_from_first_hit(2, Period::SECOND)]).unwrap();
+    assert!(backend.check("flood", &other, 1).await.unwrap().allowed());
+    assert_eq!(script_calls(&server), calls + 1);
+
+    // Once the wait has passed, Redis decides again and admits.
+    tokio::time::sleep(last_wait + Duration::from_millis(50)).await;
+    assert!(backend.check("flood", &rules, 1).await.unwrap().allowed());
+
+    // A reset through this instance forgets the denial at once.
+    assert!(!backend.check("flood", &rules, 1).await.unwrap().allowed());
+    backend.reset("flood", &rules).await.unwrap();
+    assert!(backend.check("flood", &rules, 1).await.unwrap().allowed());
+
+    // Leases are never cached: a release elsewhere may free a unit at any moment.
+    let leases = RuleSet::new([Rule::concurrency(1, Period::MINUTE)]).unwrap();
+    let held = backend.acquire("lease", &leases, 1).await.unwrap().lease.unwrap();
+    let before = script_calls(&server);
+    assert!(!backend.acquire("lease", &leases, 1).await.unwrap().decision.allowed());
+    backend.release("lease", &leases, &held).await.unwrap();
+    assert!(backend.acquire("lease", &leases, 1).await.unwrap().decision.allowed());
+    assert_eq!(script_calls(&server), before + 3);
 }

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tollgate_core::algorithm::lua;
 use tollgate_core::{Backend, Decision, Error, Operation, Rule, RuleSet};
 
 /// Most rules the server takes inline in one request.
@@ -57,10 +56,6 @@ struct RuleBody {
     remaining: u64,
     reset_after_ms: u64,
     retry_after_ms: u64,
-}
-
-fn micros(ms: u64) -> i64 {
-    i64::try_from(ms.saturating_mul(1000)).unwrap_or(i64::MAX)
 }
 
 fn unsupported(what: &str) -> Error {
@@ -119,22 +114,16 @@ impl RemoteBackend {
                     .into(),
             ));
         }
-        // The script reply's layout (now, then admitted/remaining/reset/retry per rule) is the
-        // public way to rebuild a Decision from outcomes; times are in microseconds.
-        let mut reply = Vec::with_capacity(1 + 4 * body.rules.len());
-        reply.push(0);
-        for r in &body.rules {
-            let remaining = i64::try_from(r.remaining).unwrap_or(i64::MAX);
-            reply.extend([
-                i64::from(r.allowed),
-                remaining,
-                micros(r.reset_after_ms),
-                micros(r.retry_after_ms),
-            ]);
-        }
-        let part = lua::ScriptPart::alone(rules, Operation::Check { cost });
-        let (_, decisions) = lua::decode(&[part], &reply).map_err(|e| Error::Backend(Box::new(e)))?;
-        decisions.into_iter().next().ok_or_else(|| Error::Backend("the server answered no decision".into()))
+        let outcomes = body
+            .rules
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                let ms = Duration::from_millis;
+                rules.reported_outcome(i, r.allowed, r.remaining, ms(r.reset_after_ms), ms(r.retry_after_ms))
+            })
+            .collect();
+        Ok(Decision::from_outcomes(outcomes))
     }
 }
 

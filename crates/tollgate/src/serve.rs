@@ -52,6 +52,7 @@ pub(crate) fn backend(config: &Config) -> anyhow::Result<(Arc<dyn Backend>, &'st
                 .timeout(b.timeout)
                 .connections(b.connections)
                 .coalesce(b.coalesce)
+                .deny_cache(b.deny_cache)
                 .build()
                 .context("cannot configure the Redis backend")?;
             (Arc::new(redis), "redis")

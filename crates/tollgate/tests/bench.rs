@@ -44,6 +44,10 @@ fn against_redis_it_reports_redis_cpu_per_decision() {
     let summary = bench(&["--target", &redis.url(), "--period", "1y", "--coalesce", "1"]);
     assert_eq!(summary["allowed"].as_u64(), Some(0), "the same keys are spent: {summary}");
     assert_eq!(summary["redis_calls_per_decision"].as_f64(), Some(1.0), "{summary}");
+    // A flood of denials with the local denial cache: Redis hardly sees it.
+    let summary = bench(&["--target", &redis.url(), "--period", "1y", "--coalesce", "1", "--deny-cache"]);
+    assert_eq!(summary["allowed"].as_u64(), Some(0), "{summary}");
+    assert!(summary["redis_calls_per_decision"].as_f64().unwrap() < 0.1, "{summary}");
 }
 
 #[tokio::test]

@@ -380,6 +380,29 @@ pub(crate) fn run_group(
 }
 
 impl RuleSet {
+    /// Rule `index`'s outcome as another decider reported it (a Tollgate server answering a
+    /// remote client): the rule's name, algorithm and limit come from this set. `None` when the
+    /// set has no rule `index`.
+    pub fn reported_outcome(
+        &self,
+        index: usize,
+        allowed: bool,
+        remaining: u64,
+        reset_after: Duration,
+        retry_after: Duration,
+    ) -> Option<RuleOutcome> {
+        let rule = self.compiled().get(index)?;
+        Some(RuleOutcome {
+            name: rule.name.clone(),
+            algorithm: rule.rule.algorithm(),
+            allowed,
+            limit: rule.algo.capacity(),
+            remaining,
+            reset_after,
+            retry_after: if allowed { Duration::ZERO } else { retry_after },
+        })
+    }
+
     /// A rule's outcome from its verdict and report (shared by both backends).
     pub(crate) fn outcome(&self, index: usize, verdict: Verdict, report: Report) -> RuleOutcome {
         let rule = &self.compiled()[index];

@@ -1,0 +1,107 @@
+//! A local cache of denials: a key denied until time T is answered here until T, without a
+//! Redis call (envoyproxy/ratelimit's over-limit cache, made exact).
+//!
+//! T is the denial's own `retry_after`, the earliest instant at which the same cost would be
+//! admitted, counted from when the request was *sent* (Redis decided after that), so the cache
+//! never holds a denial past the moment Redis would admit. Under a flood of denied requests,
+//! Redis load falls by the cache's hit rate. What it cannot see: a `reset` or `refund` of the
+//! key made through another instance, which lets that key in earlier there than here (this
+//! instance forgets its own entries on its own reset and refund). Rule sets with concurrency
+//! leases are never cached, since a release elsewhere frees units at any moment.
+
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tokio::time::Instant;
+use tollgate_core::{Decision, RuleSet};
+
+/// Entries held at most; when full, expired ones are dropped, and new denials are not cached
+/// until there is room.
+pub(crate) const CAPACITY: usize = 100_000;
+
+struct Denied {
+    /// When the same cost is admitted again.
+    until: Instant,
+    /// The cost denied (1 for a peek): a smaller one may fit sooner.
+    probe: u64,
+    sent: Instant,
+    decision: Decision,
+}
+
+pub(crate) struct DenyCache {
+    map: DashMap<Box<str>, Denied>,
+}
+
+/// The cache key: the caller's key and the rule set's signatures (a changed rule set is
+/// another entry, as it is another state).
+fn id(key: &str, rules: &RuleSet) -> String {
+    let mut id = String::with_capacity(key.len() + 24 * rules.len());
+    id.push_str(key);
+    for signature in rules.signatures() {
+        id.push('\u{1f}');
+        id.push_str(signature);
+    }
+    id
+}
+
+impl DenyCache {
+    pub(crate) fn new() -> Self {
+        DenyCache { map: DashMap::new() }
+    }
+
+    /// The cached denial for `cost` on `key` under `rules`, its waits shortened by the time
+    /// since it was decided; `None` when Redis must decide.
+    pub(crate) fn get(&self, key: &str, rules: &RuleSet, cost: u64) -> Option<Decision> {
+        if self.map.is_empty() {
+            return None;
+        }
+        let id = id(key, rules);
+        let now = Instant::now();
+        let hit = {
+            let entry = self.map.get(id.as_str())?;
+            (now < entry.until && cost.max(1) >= entry.probe).then(|| {
+                let elapsed = now - entry.sent;
+                let outcomes = entry
+                    .decision
+                    .rules()
+                    .iter()
+                    .map(|o| {
+                        let mut o = o.clone();
+                        o.retry_after = o.retry_after.saturating_sub(elapsed);
+                        o.reset_after = o.reset_after.saturating_sub(elapsed);
+                        o
+                    })
+                    .collect();
+                Decision::from_outcomes(outcomes)
+            })
+        };
+        if hit.is_none() {
+            self.map.remove_if(id.as_str(), |_, d| d.until <= now);
+        }
+        hit
+    }
+
+    /// Remembers `decision` (made for a request sent at `sent`) if it is a cacheable denial.
+    pub(crate) fn put(&self, key: &str, rules: &RuleSet, cost: u64, sent: Instant, decision: &Decision) {
+        let wait = decision.retry_after();
+        if decision.allowed() || rules.has_concurrency() || wait < Duration::from_millis(1) {
+            return;
+        }
+        if self.map.len() >= CAPACITY {
+            let now = Instant::now();
+            self.map.retain(|_, d| d.until > now);
+            if self.map.len() >= CAPACITY {
+                return;
+            }
+        }
+        let denied = Denied { until: sent + wait, probe: cost.max(1), sent, decision: decision.clone() };
+        self.map.insert(id(key, rules).into(), denied);
+    }
+
+    /// Forgets `key`'s denial under `rules` (its state changed here: a reset or a refund).
+    pub(crate) fn forget(&self, key: &str, rules: &RuleSet) {
+        if !self.map.is_empty() {
+            self.map.remove(id(key, rules).as_str());
+        }
+    }
+}
