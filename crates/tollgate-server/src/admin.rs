@@ -18,8 +18,8 @@ use crate::state::AppState;
 
 /// The caller of a management route: the token its bearer secret names.
 pub struct Caller {
-    token: TokenRecord,
-    store: Store,
+    pub(crate) token: TokenRecord,
+    pub(crate) store: Store,
 }
 
 impl FromRequestParts<AppState> for Caller {

@@ -3,14 +3,14 @@
 //! API. Also `GET /v1/admin/me`, which tells the page the signed-in token's role and apps.
 
 use axum::Json;
-use axum::extract::{FromRequestParts, Path};
-use axum::http::request::Parts;
+use axum::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use tollgate_store::{Role, Store, TokenRecord};
+use tollgate_store::TokenRecord;
+
+use crate::admin::Caller;
 
 use crate::problem::Problem;
-use crate::state::AppState;
 
 /// One embedded file.
 struct Asset {
@@ -94,70 +94,11 @@ pub async fn asset(headers: HeaderMap, Path(file): Path<String>) -> Response {
     }
 }
 
-/// The signed-in token of a console route, and the store it was found in. Answers like the
-/// management API: 401 with `WWW-Authenticate` without a known token, 404 without a database.
-pub struct Signed {
-    pub(crate) token: TokenRecord,
-    pub(crate) store: Store,
-}
-
-impl Signed {
-    pub(crate) fn require(&self, role: Role) -> Result<(), Problem> {
-        if self.token.role >= role {
-            Ok(())
-        } else {
-            Err(Problem::forbidden(format!(
-                "token {:?} is a {}; this needs {}",
-                self.token.name,
-                self.token.role.as_str(),
-                role.as_str()
-            )))
-        }
-    }
-}
-
-impl FromRequestParts<AppState> for Signed {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
-        let Some(store) = state.store.clone() else {
-            return Err(
-                Problem::no_such("the management API needs a policy database (--database)").into_response()
-            );
-        };
-        let unauthorized = |detail: &str| {
-            let mut r = Problem::unauthorized(detail).into_response();
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"tollgate\""));
-            r
-        };
-        let secret = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
-            .filter(|s| !s.is_empty());
-        let Some(secret) = secret else {
-            return Err(unauthorized("send a token: Authorization: Bearer <token>"));
-        };
-        match store.authenticate(secret).await {
-            Ok(Some(token)) => Ok(Signed { token, store }),
-            Ok(None) => Err(unauthorized("unknown token")),
-            Err(e) => {
-                tracing::error!(error = %e, "policy database failed");
-                Err(Problem::database_unavailable("the policy database did not answer; try again")
-                    .into_response())
-            }
-        }
-    }
-}
-
 /// The token of the request: its `name`, `role` and `apps` (any role), so a page can offer
 /// what the token may do.
 #[utoipa::path(get, path = "/v1/admin/me", tag = "management", responses((status = 200, description = "The token: `name`, `role`, `apps` (absent: every app), `created_by`, `created_at`"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json")))]
-pub async fn me(signed: Signed) -> Json<TokenRecord> {
-    Json(signed.token)
+pub async fn me(caller: Caller) -> Json<TokenRecord> {
+    Json(caller.token)
 }
 
 #[cfg(test)]

@@ -1,18 +1,11 @@
 //! Rate-limit response headers: the de-facto `X-RateLimit-*` trio, `Retry-After`, and the IETF
 //! draft's (draft-ietf-httpapi-ratelimit-headers) `RateLimit-Policy` and `RateLimit` structured
-//! fields, one item per rule.
+//! fields, one item per rule. They are `tollgate-tower`'s, so the server and the middleware
+//! answer alike; the server adds the millisecond rounding of its JSON bodies.
 
-use std::fmt::Write as _;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
-use tollgate_config::ResetHeader;
-use tollgate_core::{Decision, Rule, RuleKind, RuleSet};
-
-/// Whole seconds in `d`, rounded up: a client told 0 would retry at once.
-pub fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
+pub use tollgate_tower::headers::{ceil_secs, rate_limit_headers, rule_name};
 
 /// Whole milliseconds in `d`, rounded up.
 pub fn ceil_millis(d: Duration) -> u64 {
@@ -20,99 +13,12 @@ pub fn ceil_millis(d: Duration) -> u64 {
     u64::try_from(ms + u128::from(!d.as_nanos().is_multiple_of(1_000_000))).unwrap_or(u64::MAX)
 }
 
-/// The name a rule is reported under: its own, or its algorithm and position.
-pub fn rule_name(rule: &Rule, index: usize) -> String {
-    rule.name.clone().unwrap_or_else(|| format!("{}.{index}", rule.algorithm()))
-}
-
-/// The time a rule's quota refers to: its period, or for bucket-like rules the time to refill
-/// from empty. None for concurrency, which has no window.
-fn window(kind: &RuleKind) -> Option<Duration> {
-    let scaled = |per: Duration, num: u64, den: u64| {
-        Duration::from_secs_f64(per.as_secs_f64() * num as f64 / den.max(1) as f64)
-    };
-    match kind {
-        RuleKind::FixedWindow { period, .. }
-        | RuleKind::SlidingWindowLog { period, .. }
-        | RuleKind::SlidingWindowCounter { period, .. } => Some(period.as_duration()),
-        RuleKind::TokenBucket { capacity, refill, per } => {
-            Some(scaled(per.as_duration(), *capacity, *refill))
-        }
-        RuleKind::Gcra { limit, period, burst } => Some(scaled(period.as_duration(), *burst, *limit)),
-        RuleKind::Concurrency { .. } => None,
-    }
-}
-
-/// An RFC 8941 String: printable ASCII only, with `"` and `\` escaped.
-fn sf_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            _ => out.push('?'),
-        }
-    }
-    out.push('"');
-}
-
-fn insert(headers: &mut HeaderMap, name: &'static str, value: String) {
-    if let Ok(value) = HeaderValue::try_from(value) {
-        headers.insert(HeaderName::from_static(name), value);
-    }
-}
-
-/// The headers describing `decision` under `rules`. `denied` adds `Retry-After`.
-pub fn rate_limit_headers(
-    headers: &mut HeaderMap,
-    rules: &RuleSet,
-    decision: &Decision,
-    reset: ResetHeader,
-    denied: bool,
-) {
-    let reset_secs = ceil_secs(decision.reset_after());
-    let reset_value = match reset {
-        ResetHeader::Delta => reset_secs,
-        ResetHeader::Epoch => {
-            let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-            ceil_secs(now) + reset_secs
-        }
-    };
-    headers.insert("x-ratelimit-limit", HeaderValue::from(decision.limit()));
-    headers.insert("x-ratelimit-remaining", HeaderValue::from(decision.remaining()));
-    headers.insert("x-ratelimit-reset", HeaderValue::from(reset_value));
-
-    let mut policy = String::new();
-    let mut state = String::new();
-    for (index, (rule, outcome)) in rules.rules().zip(decision.rules()).enumerate() {
-        let sep = if index == 0 { "" } else { ", " };
-        let name = rule_name(rule, index);
-        policy.push_str(sep);
-        sf_string(&mut policy, &name);
-        let _ = write!(policy, ";q={}", outcome.limit);
-        if let Some(w) = window(&rule.kind) {
-            let _ = write!(policy, ";w={}", ceil_secs(w).max(1));
-        }
-        state.push_str(sep);
-        sf_string(&mut state, &name);
-        let _ = write!(state, ";r={};t={}", outcome.remaining, ceil_secs(outcome.reset_after));
-    }
-    insert(headers, "ratelimit-policy", policy);
-    insert(headers, "ratelimit", state);
-
-    if denied {
-        let secs = ceil_secs(decision.retry_after()).max(1);
-        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_core::{ManualClock, MemoryBackend, Operation, Period};
+    use axum::http::HeaderMap;
+    use tollgate_config::ResetHeader;
+    use tollgate_core::{ManualClock, MemoryBackend, Operation, Period, Rule, RuleSet};
 
     #[test]
     fn rounding_is_up() {

@@ -18,7 +18,7 @@ use serde::Serialize;
 use tollgate_limiter::Verdict;
 use tollgate_store::Role;
 
-use crate::console::Signed;
+use crate::admin::Caller;
 use crate::headers::ceil_millis;
 use crate::problem::Problem;
 use crate::state::AppState;
@@ -297,7 +297,7 @@ pub struct LiveBody {
 #[utoipa::path(get, path = "/v1/admin/live/policies/{name}", tag = "management", params(("name" = String, Path)), responses((status = 200, description = "`allowed`, `denied`, `shadow_denied`: 900 one-second buckets, oldest first, from `start_sec`; `nearest`: up to 20 keys with the smallest fraction left"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn policy_live(
     State(state): State<AppState>,
-    signed: Signed,
+    signed: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<LiveBody>, Problem> {
     signed.require(Role::Viewer)?;

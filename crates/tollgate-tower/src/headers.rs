@@ -1,6 +1,6 @@
 //! Rate-limit response headers, as the server writes them: the de-facto `X-RateLimit-*` trio,
 //! `Retry-After`, and the IETF draft's `RateLimit-Policy` and `RateLimit` structured fields, one
-//! item per rule. (A focused copy of `tollgate-server`'s `headers.rs`, which could reuse it.)
+//! item per rule. `tollgate-server` writes the same ones, from here.
 
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
