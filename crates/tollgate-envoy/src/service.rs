@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tollgate_core::{Error as CoreError, Operation, Rule, RuleSet};
+use tollgate_core::{Error as CoreError, Rule, RuleSet};
 use tollgate_limiter::{Check, LimitError, Limiter, Mode, Policy};
 use tonic::{Request, Response, Status};
 
@@ -228,11 +228,6 @@ impl EnvoyService {
             let set = RuleSet::new(rules).map_err(|e| Status::internal(e.to_string()))?;
             let mode = if p.shadow { Mode::Shadow } else { Mode::Enforce };
             let key = key_of(&req.domain, &p.entries);
-            let impossible = match (Operation::Check { cost: p.hits }).validate(&key, &set) {
-                Ok(()) => false,
-                Err(CoreError::CostExceedsCapacity { .. }) => true,
-                Err(e) => return Err(invalid(e.to_string())),
-            };
             of_descriptor.push(Some(items.len()));
             items.push(Item {
                 planned: p,
@@ -240,15 +235,18 @@ impl EnvoyService {
                 key,
                 policy: Policy::enforce(req.domain.as_str(), set).with_mode(mode),
                 limited: p.limits.iter().filter(|l| l.rule.is_some()).collect(),
-                impossible,
+                impossible: false,
             });
         }
         // An enforced descriptor over its limit whatever the state refuses the request: the
         // others are only looked at. The same when the request asks one counter (two
         // descriptors alike) for more than it holds.
         let enforced = |item: &Item<'_>| !item.planned.shadow;
-        let mut blocked = items.iter().any(|i| i.impossible && enforced(i));
-        let checks = loop {
+        let mut blocked = false;
+        let joint = loop {
+            if items.is_empty() {
+                break None;
+            }
             let checks: Vec<Check<'_>> = items
                 .iter()
                 .map(|i| {
@@ -256,24 +254,21 @@ impl EnvoyService {
                     Check { key: &i.key, policy: &i.policy, cost: if peek { 0 } else { i.planned.hits } }
                 })
                 .collect();
-            match tollgate_core::validate_batch(&Check::parts(&checks)) {
-                Err(CoreError::InPart { part, error })
+            // The limiter validates before any backend call: a descriptor over-asking is found
+            // there, marked, and the request asked again with it (and, if enforced, the others)
+            // only peeking.
+            match self.limiter.check_all(&checks).await {
+                Ok(joint) => break Some(joint),
+                Err(LimitError::Invalid(CoreError::InPart { part, error }))
                     if matches!(*error, CoreError::CostExceedsCapacity { .. }) =>
                 {
-                    blocked = true;
+                    blocked |= enforced(&items[part]);
                     items[part].impossible = true;
                 }
-                _ => break checks,
+                Err(LimitError::Invalid(e)) => return Err(invalid(e.to_string())),
+                Err(LimitError::Unavailable(e)) => return Err(Status::unavailable(e.to_string())),
+                Err(e) => return Err(Status::internal(e.to_string())),
             }
-        };
-        let joint = if checks.is_empty() {
-            None
-        } else {
-            Some(self.limiter.check_all(&checks).await.map_err(|e| match e {
-                LimitError::Invalid(e) => invalid(e.to_string()),
-                LimitError::Unavailable(e) => Status::unavailable(e.to_string()),
-                e => Status::internal(e.to_string()),
-            })?)
         };
 
         let mut overall = Code::Ok;

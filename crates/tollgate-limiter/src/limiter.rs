@@ -370,79 +370,67 @@ impl Limiter {
     ) -> Result<(Decision, bool), LimitError> {
         // Bad input is refused here, so it never counts as a backend failure nor reaches one.
         op.validate(key, rules).map_err(LimitError::Invalid)?;
-        let inner = &self.inner;
-        let failure = if inner.breaker.state() == BreakerState::Closed {
-            let start = Instant::now();
-            let result = inner.primary.execute(key, rules, op).await;
-            let backend = Arc::clone(&inner.backend_name);
-            metrics::histogram!(m::BACKEND_SECONDS, "backend" => backend.clone())
-                .record(start.elapsed().as_secs_f64());
-            match result {
-                Ok(decision) => {
-                    inner.breaker.record_success();
-                    return Ok((decision, false));
-                }
-                Err(e) if !e.is_backend_failure() => return Err(LimitError::Invalid(e)),
-                Err(e) => self.failed(e, backend),
-            }
-        } else {
-            Error::Unavailable("circuit breaker open: the backend failed and is being probed".into())
-        };
-        match inner.settings.on_failure {
-            FailurePolicy::Open => Ok((Decision::admitted_unchecked(rules), true)),
-            FailurePolicy::Closed => Err(LimitError::Unavailable(failure)),
-            FailurePolicy::Local => {
-                let decision = inner.fallback.execute_now(key, rules, op).map_err(LimitError::Invalid)?;
-                Ok((decision, true))
-            }
-        }
+        self.answer(
+            self.inner.primary.execute(key, rules, op),
+            || Decision::admitted_unchecked(rules),
+            |fallback| fallback.execute_now(key, rules, op),
+        )
+        .await
     }
 
-    /// A batch, as [`decide`](Self::decide) does one operation: on the primary backend while
-    /// its breaker is closed, else by the failure policy.
+    /// A batch, as [`decide`](Self::decide) does one operation.
     async fn decide_batch(&self, parts: &[Part<'_>]) -> Result<(Vec<Decision>, bool), LimitError> {
         tollgate_core::validate_batch(parts).map_err(LimitError::Invalid)?;
+        self.answer(
+            self.inner.primary.check_batch(parts),
+            || parts.iter().map(|p| Decision::admitted_unchecked(p.rules)).collect(),
+            |fallback| fallback.check_batch_now(parts),
+        )
+        .await
+    }
+
+    /// The primary backend's answer (`primary`, awaited only while the breaker is closed), or,
+    /// when it fails or the breaker is open, the failure policy's: `open()` admits, `local`
+    /// decides on the in-process fallback, `closed` refuses. The flag is true for a degraded
+    /// answer.
+    async fn answer<T>(
+        &self,
+        primary: impl Future<Output = Result<T, Error>>,
+        open: impl FnOnce() -> T,
+        local: impl FnOnce(&MemoryBackend) -> Result<T, Error>,
+    ) -> Result<(T, bool), LimitError> {
         let inner = &self.inner;
         let failure = if inner.breaker.state() == BreakerState::Closed {
             let start = Instant::now();
-            let result = inner.primary.check_batch(parts).await;
+            let result = primary.await;
             let backend = Arc::clone(&inner.backend_name);
             metrics::histogram!(m::BACKEND_SECONDS, "backend" => backend.clone())
                 .record(start.elapsed().as_secs_f64());
             match result {
-                Ok(decisions) => {
+                Ok(answer) => {
                     inner.breaker.record_success();
-                    return Ok((decisions, false));
+                    return Ok((answer, false));
                 }
                 Err(e) if !e.is_backend_failure() => return Err(LimitError::Invalid(e)),
-                Err(e) => self.failed(e, backend),
+                Err(e) => {
+                    metrics::counter!(m::BACKEND_ERRORS, "backend" => backend, "kind" => error_kind(&e))
+                        .increment(1);
+                    if inner.breaker.record_failure() {
+                        tracing::warn!(backend = %inner.backend_name, error = %e,
+                            "backend failing; circuit breaker open, answering by the failure policy");
+                        self.spawn_probe();
+                    }
+                    e
+                }
             }
         } else {
             Error::Unavailable("circuit breaker open: the backend failed and is being probed".into())
         };
         match inner.settings.on_failure {
-            FailurePolicy::Open => {
-                Ok((parts.iter().map(|p| Decision::admitted_unchecked(p.rules)).collect(), true))
-            }
+            FailurePolicy::Open => Ok((open(), true)),
             FailurePolicy::Closed => Err(LimitError::Unavailable(failure)),
-            FailurePolicy::Local => {
-                let decisions = inner.fallback.check_batch_now(parts).map_err(LimitError::Invalid)?;
-                Ok((decisions, true))
-            }
+            FailurePolicy::Local => Ok((local(&inner.fallback).map_err(LimitError::Invalid)?, true)),
         }
-    }
-
-    /// Counts a backend failure, opening the breaker (and starting its probe) after enough in
-    /// a row; returns the error for the failure policy.
-    fn failed(&self, e: Error, backend: Arc<str>) -> Error {
-        let inner = &self.inner;
-        metrics::counter!(m::BACKEND_ERRORS, "backend" => backend, "kind" => error_kind(&e)).increment(1);
-        if inner.breaker.record_failure() {
-            tracing::warn!(backend = %inner.backend_name, error = %e,
-                "backend failing; circuit breaker open, answering by the failure policy");
-            self.spawn_probe();
-        }
-        e
     }
 
     /// Pings the backend every `probe_interval` until it answers, then closes the breaker.

@@ -65,7 +65,7 @@ local function run(lo, hi, joint)
     if r.op == 'refund' and s.algorithm.refund then -- leases go back by release
       s.algorithm.refund(s.state, now, r.amount)
     elseif r.op == 'release' and s.algorithm.release then
-      s.algorithm.release(s.state, now, r.lease_id, tonumber(r.lease_units))
+      s.algorithm.release(s.state, now, r.lease_id, r.lease_units)
     end
   end
 
@@ -116,7 +116,8 @@ end
 local at, k, lo, parts_in_group = 2, 0, 1, 0
 local args = #ARGV
 while at <= args do
-  local op, amount, lease_id, lease_units = ARGV[at], tonumber(ARGV[at + 1]), ARGV[at + 2], ARGV[at + 3]
+  local op, amount, lease_id = ARGV[at], tonumber(ARGV[at + 1]), ARGV[at + 2]
+  local lease_units = tonumber(ARGV[at + 3])
   local cost = 0
   if op == 'check' or op == 'acquire' then
     cost = amount
