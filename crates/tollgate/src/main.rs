@@ -6,6 +6,7 @@ mod bench;
 mod client;
 mod proxy;
 mod serve;
+mod simulate;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -41,6 +42,9 @@ enum Command {
     /// and report decisions/s, allowed/denied, latency percentiles and, against Redis, Redis
     /// CPU per decision.
     Bench(bench::BenchArgs),
+    /// Replay a request pattern through each given rule on a simulated clock (no sleeping) and
+    /// show what each admits and denies over time: a table, --json, or an SVG chart (--out).
+    Simulate(simulate::SimulateArgs),
     /// Validate a configuration file and list its policies; exits non-zero on a mistake.
     CheckConfig {
         /// The TOML file to check.
@@ -141,6 +145,7 @@ fn main() -> ExitCode {
         },
         Command::Serve(args) => run(serve::run(args)),
         Command::Bench(args) => run(bench::run(args)),
+        Command::Simulate(args) => run(async move { simulate::run(args) }),
         Command::Proxy(args) => run(proxy::run(args)),
         Command::Policy { remote, command } => run(client::policy(remote, command)),
         Command::Consumer { remote, command } => run(client::consumer(remote, command)),
