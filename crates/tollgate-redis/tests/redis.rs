@@ -286,6 +286,48 @@ fn script_calls(server: &RedisServer) -> u64 {
         .sum()
 }
 
+/// Calls of one Redis command so far (`INFO commandstats`; scripts' calls count too).
+fn command_calls(server: &RedisServer, command: &str) -> u64 {
+    let info: String = server.command(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:");
+    info.lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_ttl_is_only_written_when_it_must_grow() {
+    let server = RedisServer::start();
+    let backend = backend(&server, 1);
+    // Six clock-aligned windows: within one second none of their ends moves, so after the first
+    // check the key's TTL already covers every state and no check writes it again.
+    let periods =
+        [Period::SECOND, Period::MINUTE, Period::HOUR, Period::DAY, Period::WEEK, Period::MONTH_30_DAYS];
+    let six = RuleSet::new(periods.iter().map(|p| Rule::fixed_window(1000, *p))).unwrap();
+    // Start just after a second's edge, so ten quick checks share the second's window.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    tokio::time::sleep(Duration::from_nanos(1_000_000_000 - u64::from(now.subsec_nanos()))).await;
+    assert!(backend.check("ttl", &six, 1).await.unwrap().allowed());
+    let first = command_calls(&server, "pexpire");
+    // a new key: one PEXPIRE per rule at most (each longer window lengthens the TTL once)
+    assert!((1..=6).contains(&first), "the new key got its TTL ({first} PEXPIRE)");
+    for _ in 0..10 {
+        assert!(backend.check("ttl", &six, 1).await.unwrap().allowed());
+    }
+    assert_eq!(command_calls(&server, "pexpire"), first, "no TTL rewritten within the second");
+    assert_eq!(command_calls(&server, "hmget"), 11 * 6);
+
+    // GCRA's state moves forward with every admission, so its key's TTL grows with it and
+    // always covers the state: a burst of 5 at 1 per 100 ms is full again 500 ms later.
+    let gcra = RuleSet::new([Rule::gcra(10, Period::SECOND, 5)]).unwrap();
+    for _ in 0..5 {
+        assert!(backend.check("g", &gcra, 1).await.unwrap().allowed());
+    }
+    let ttl: i64 = server.command(&["PTTL", "tollgate:{g}:h"]);
+    assert!(ttl > 400, "the TTL covers the state: {ttl} ms");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_operations_are_coalesced_and_stay_exact() {
     let server = RedisServer::start();

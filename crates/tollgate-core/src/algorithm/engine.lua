@@ -16,6 +16,7 @@ local PART_HEADER = 6
 local PER_RULE = 6
 
 local now = tonumber(ARGV[1])
+CLOCK_IS_REDIS = not now
 if not now then
   local time = redis.call('TIME')
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
@@ -131,8 +132,10 @@ while at <= args do
   at = at + PART_HEADER
   for _ = 1, n do
     k = k + 1
+    -- every field it will hold, so the table is sized once (a rehash costs a reallocation)
     R[k] = {key = KEYS[k], p = ARGV[at + 5], at = at, op = op, cost = cost, amount = amount,
-            lease_id = lease_id, lease_units = lease_units}
+            lease_id = lease_id, lease_units = lease_units, had = 0, algorithm = false,
+            state = false, demand = 0, admits = false, wait = 0}
     at = at + PER_RULE
   end
 end

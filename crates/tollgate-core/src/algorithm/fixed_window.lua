@@ -8,6 +8,9 @@ local ALIGN_CLOCK = 0
 -- args: limit, period, align (0 clock, 1 first hit)
 function fixed_window.load(slot, now, limit, period, align)
   local v = hload(slot, 's', 'c')
+  if v[2] > 0 then
+    slot.had = v[1] + period -- as `save` stored it
+  end
   local st = {slot = slot, limit = limit, period = period, clock = align == ALIGN_CLOCK,
               start = v[1], count = v[2]}
   if st.clock then

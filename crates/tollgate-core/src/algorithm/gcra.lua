@@ -58,6 +58,9 @@ end
 -- args: capacity, quotient, remainder, den, where T = quotient + remainder / den microseconds
 function gcra.load(slot, now, capacity, quotient, remainder, den)
   local v = hload(slot, 't', 'f')
+  if v[1] > 0 or v[2] > 0 then
+    slot.had = ceil_micros(v[1], v[2]) -- as `save` stored it
+  end
   local st = {slot = slot, capacity = capacity, quotient = quotient, remainder = remainder,
               den = den, num = quotient * den + remainder, tw = v[1], tf = v[2]}
   if not less(now, 0, st.tw, st.tf) then

@@ -49,61 +49,82 @@ local function expire_at(key, expires_at, now)
   redis.call('PEXPIRE', key, int(ms + TTL_MARGIN_MS))
 end
 
--- Reads hash fields as numbers, 0 when absent.
-local function hnumbers(key, ...)
-  local values = redis.call('HMGET', key, ...)
-  for i = 1, #values do
-    values[i] = tonumber(values[i]) or 0
-  end
-  return values
-end
+-- Whether `now` is Redis's own clock (set by the engine): see hstore.
+local CLOCK_IS_REDIS = false
 
 -- A rule's state place: {key = KEYS[i], p = field prefix}. Hash-stored states share one hash
 -- per key, each rule's fields prefixed by its id (p = '<id>.'); with p = '' the key is the
--- rule's own.
-local function prefixed(slot, fields)
-  if slot.p == '' then
-    return fields
-  end
-  local out = {}
-  for i = 1, #fields do
-    out[i] = slot.p .. fields[i]
-  end
-  return out
-end
+-- rule's own. After hload, `had` is the expiry the stored state was written with (0 when none;
+-- each algorithm's load sets it), so that hstore can skip a PEXPIRE that would not lengthen the
+-- key's life.
+--
+-- These helpers take two or three fields rather than a list: a script pays for every table it
+-- makes (allocation and garbage collection cost more than the Redis calls; see "Leaner
+-- scripts" in docs/benchmarks.md), so the hot path makes as few as it can.
 
--- Reads the slot's fields as numbers, 0 when absent.
-local function hload(slot, ...)
-  return hnumbers(slot.key, unpack(prefixed(slot, {...})))
-end
-
--- Writes field/value pairs and makes the key live at least until `expires_at`. A shared hash
--- lives as long as its longest-lived state: PEXPIRE NX gives a new key its TTL, GT only ever
--- lengthens it (a late expiry is harmless, see TTL_MARGIN_MS).
-local function hstore(slot, expires_at, now, ...)
-  local pairs_ = {...}
-  for i = 1, #pairs_, 2 do
-    pairs_[i] = slot.p .. pairs_[i]
-  end
-  redis.call('HSET', slot.key, unpack(pairs_))
-  if slot.p == '' then
-    expire_at(slot.key, expires_at, now)
+-- Reads the slot's fields a, b (and c) as numbers, 0 when absent.
+local function hload(slot, a, b, c)
+  local p = slot.p
+  local v
+  if c then
+    v = redis.call('HMGET', slot.key, p .. a, p .. b, p .. c)
   else
-    local ms = floor_div(expires_at - now + 999, 1000)
-    if ms < 1 then
-      ms = 1
-    end
-    ms = int(ms + TTL_MARGIN_MS)
-    redis.call('PEXPIRE', slot.key, ms, 'NX')
-    redis.call('PEXPIRE', slot.key, ms, 'GT')
+    v = redis.call('HMGET', slot.key, p .. a, p .. b)
   end
+  for i = 1, #v do
+    v[i] = tonumber(v[i]) or 0
+  end
+  slot.had = 0
+  return v
 end
 
--- Forgets the slot's state: its key, or its fields of the shared hash.
-local function hclear(slot, ...)
-  if slot.p == '' then
+-- The latest expiry (microseconds) each key's TTL was set to cover during this call.
+local TTL_COVERS = {}
+
+-- Writes fields a, b (and c) and makes the key live at least until `expires_at`. A shared hash
+-- lives as long as its longest-lived state: its TTL only ever grows (GT), and a key without one
+-- gets one (NX). Every key Tollgate writes has a TTL, so when the state was stored before
+-- (`had`) the key has one, and when that was with an expiry at least as late, it already covers
+-- this one and is left alone; only when `now` is Redis's clock, which TTLs count on (an
+-- explicit `now` in tests may run slower than Redis's, see TTL_MARGIN_MS). The same holds for
+-- a TTL written earlier in this call, by another rule of the key.
+local function hstore(slot, expires_at, now, a, va, b, vb, c, vc)
+  local key, p = slot.key, slot.p
+  if c then
+    redis.call('HSET', key, p .. a, va, p .. b, vb, p .. c, vc)
+  else
+    redis.call('HSET', key, p .. a, va, p .. b, vb)
+  end
+  if p == '' then
+    expire_at(key, expires_at, now)
+    return
+  end
+  local covered = TTL_COVERS[key]
+  if (covered and covered >= expires_at) or (CLOCK_IS_REDIS and slot.had >= expires_at) then
+    return
+  end
+  local ms = floor_div(expires_at - now + 999, 1000)
+  if ms < 1 then
+    ms = 1
+  end
+  ms = int(ms + TTL_MARGIN_MS)
+  if covered or slot.had > 0 or redis.call('PEXPIRE', key, ms, 'NX') == 0 then
+    redis.call('PEXPIRE', key, ms, 'GT')
+  end
+  TTL_COVERS[key] = math.max(covered or 0, expires_at)
+end
+
+-- Forgets the slot's state: its key, or its fields a, b (and c) of the shared hash.
+local function hclear(slot, a, b, c)
+  local p = slot.p
+  -- the key may be gone now, and recreated without a TTL by the next store
+  slot.had = 0
+  TTL_COVERS[slot.key] = nil
+  if p == '' then
     redis.call('DEL', slot.key)
+  elseif c then
+    redis.call('HDEL', slot.key, p .. a, p .. b, p .. c)
   else
-    redis.call('HDEL', slot.key, unpack(prefixed(slot, {...})))
+    redis.call('HDEL', slot.key, p .. a, p .. b)
   end
 end

@@ -46,6 +46,11 @@ end
 -- args: limit, period
 function sliding_window_counter.load(slot, now, limit, period)
   local v = hload(slot, 's', 'p', 'c')
+  if v[3] > 0 then -- as `save` stored it (see expires_at)
+    slot.had = v[1] + 2 * period
+  elseif v[2] > 0 then
+    slot.had = v[1] + period
+  end
   local st = {slot = slot, limit = limit, period = period}
   st.start, st.previous, st.current = roll(period, v[1], v[2], v[3], now)
   return st
