@@ -113,7 +113,8 @@ pub enum BackendKind {
 pub struct BackendSettings {
     /// Memory or Redis.
     pub kind: BackendKind,
-    /// The Redis URL (`redis://` or `rediss://`, with `user:password@` if needed).
+    /// The Redis URL (`redis://` or `rediss://`, with `user:password@` if needed), or a Redis
+    /// Cluster's seed nodes (`redis+cluster://host1:port1,host2:port2`).
     pub url: Option<String>,
     /// Prefix of every Redis key.
     pub prefix: String,

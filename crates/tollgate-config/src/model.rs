@@ -107,10 +107,14 @@ struct PolicySection {
 }
 
 pub(crate) fn check_redis_url(url: &str) -> Result<(), String> {
-    if url.starts_with("redis://") || url.starts_with("rediss://") {
+    const SCHEMES: [&str; 4] = ["redis://", "rediss://", "redis+cluster://", "rediss+cluster://"];
+    if SCHEMES.iter().any(|scheme| url.starts_with(scheme)) {
         Ok(())
     } else {
-        Err(format!("{url:?} is not a Redis URL: it must start with redis:// or rediss://"))
+        Err(format!(
+            "{url:?} is not a Redis URL: it must start with redis://, rediss:// or, for Redis \
+             Cluster, redis+cluster:// (rediss+cluster://)"
+        ))
     }
 }
 

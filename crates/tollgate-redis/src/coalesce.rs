@@ -66,7 +66,7 @@ impl Coalescer {
     /// Starts the collector task (within a Tokio runtime).
     pub(crate) fn start(shared: Arc<Shared>, max_parts: usize) -> Self {
         let (queue, jobs) = mpsc::channel(QUEUE);
-        let slots = Arc::new(Semaphore::new(shared.connections.len()));
+        let slots = Arc::new(Semaphore::new(shared.connections.call_slots()));
         tokio::spawn(collect(Arc::clone(&shared), jobs, slots, max_parts));
         Coalescer { queue, shared, max_parts }
     }

@@ -23,15 +23,14 @@
 //! ```
 
 mod coalesce;
+mod conn;
 mod deny_cache;
 mod keys;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, ServerErrorKind};
 use tollgate_core::algorithm::lua::{self, Arg, ScriptPart, Variant};
 use tollgate_core::limits::MAX_BATCH_PARTS;
@@ -41,6 +40,7 @@ use tollgate_core::{
 };
 
 use crate::coalesce::Coalescer;
+use crate::conn::Connections;
 use crate::deny_cache::DenyCache;
 
 pub use keys::PrefixError;
@@ -138,28 +138,20 @@ impl RedisBackendBuilder {
         if !(1..=MAX_BATCH_PARTS).contains(&self.coalesce) {
             return Err(ConfigError::Coalesce(self.coalesce));
         }
-        let client = redis::Client::open(self.url.as_str()).map_err(ConfigError::Url)?;
-        let config = ConnectionManagerConfig::new()
-            // Connecting (a TLS handshake, on a loaded machine) may take longer than a call is
-            // allowed to; calls still give up after `timeout`, and the connection goes on.
-            .set_connection_timeout(Some(self.timeout.max(Duration::from_secs(1))))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(self.timeout);
-        let connections = (0..self.connections)
-            .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(ConfigError::Url)?;
+        let connections =
+            Connections::open(&self.url, self.timeout, self.connections).map_err(ConfigError::Url)?;
+        // A script call on Redis Cluster may hold only one slot's keys, and operations of
+        // different keys rarely share one: on a cluster each operation goes alone.
+        let coalesce = if connections.is_cluster() { 1 } else { self.coalesce };
         let deny_cache = (self.deny_cache && self.clock.is_none()).then(DenyCache::new);
         let shared = Arc::new(Shared {
-            connections: connections.into(),
-            next: AtomicUsize::new(0),
+            connections,
             scripts: std::array::from_fn(|_| OnceLock::new()),
             prefix: self.prefix.into(),
             timeout: self.timeout,
             clock: self.clock,
         });
-        let coalescer = (self.coalesce > 1).then(|| Coalescer::start(Arc::clone(&shared), self.coalesce));
+        let coalescer = (coalesce > 1).then(|| Coalescer::start(Arc::clone(&shared), coalesce));
         Ok(RedisBackend { shared, coalescer, deny_cache })
     }
 }
@@ -175,8 +167,7 @@ pub struct RedisBackend {
 
 /// What every operation uses: connections, prepared scripts, key names, timeout, clock.
 pub(crate) struct Shared {
-    connections: Box<[ConnectionManager]>,
-    next: AtomicUsize,
+    connections: Connections,
     /// One prepared script (source and SHA1) per variant, made on first use.
     scripts: [OnceLock<Script>; Variant::COUNT],
     prefix: Arc<str>,
@@ -187,7 +178,8 @@ pub(crate) struct Shared {
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("connections", &self.shared.connections.len())
+            .field("connections", &self.shared.connections.call_slots())
+            .field("cluster", &self.shared.connections.is_cluster())
             .field("prefix", &self.shared.prefix)
             .field("timeout", &self.shared.timeout)
             .field("coalesce", &self.coalescer.as_ref().map(Coalescer::max_parts))
@@ -253,9 +245,8 @@ impl Shared {
             .collect()
     }
 
-    fn connection(&self) -> ConnectionManager {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
-        self.connections[i].clone()
+    async fn connection(&self) -> Result<conn::Conn, Error> {
+        self.bounded(self.connections.next()).await
     }
 
     /// Runs `parts` (each on its key) in one script call.
@@ -276,7 +267,7 @@ impl Shared {
                 Arg::Text(s) => invocation.arg(s),
             };
         }
-        let mut conn = self.connection();
+        let mut conn = self.connection().await?;
         let reply: Vec<i64> = self.bounded(async move { invocation.invoke_async(&mut conn).await }).await?;
         let (_, decisions) = lua::decode(&script_parts, &reply).map_err(|e| Error::Backend(Box::new(e)))?;
         Ok(decisions)
@@ -324,26 +315,36 @@ impl Backend for RedisBackend {
         Ok(decision)
     }
 
-    /// One script call for the whole batch: every part's keys are in one Redis (the keys of
-    /// different parts share no hash tag, which Redis Cluster would refuse in one call; the
-    /// cluster backend is to split a batch by slot).
+    /// One script call for the whole batch. On Redis Cluster a call may hold one slot's keys
+    /// only, and the keys of different parts share no hash tag: there each group is split by
+    /// key, one call per key, so a group is all or nothing within each key, and across keys the
+    /// calls are made one after another (as envoyproxy/ratelimit charges every descriptor).
     async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
         validate_batch(parts)?;
         // The script wants each group's parts together: order them group by group.
-        let order: Vec<usize> = groups(parts).into_iter().flatten().collect();
-        let script_parts: Vec<(&str, ScriptPart<'_>)> = order
-            .iter()
-            .enumerate()
-            .map(|(n, &i)| {
-                let part = &parts[i];
-                let joins = n > 0 && parts[order[n - 1]].group == part.group;
-                (part.key, ScriptPart { rules: part.rules, op: Operation::Check { cost: part.cost }, joins })
-            })
-            .collect();
-        let decided = self.shared.run(&script_parts).await?;
+        let calls: Vec<Vec<usize>> = if self.shared.connections.is_cluster() {
+            groups(parts).into_iter().flat_map(|group| split_by_key(parts, group)).collect()
+        } else {
+            vec![groups(parts).into_iter().flatten().collect()]
+        };
         let mut decisions: Vec<Option<Decision>> = vec![None; parts.len()];
-        for (&i, decision) in order.iter().zip(decided) {
-            decisions[i] = Some(decision);
+        for order in calls {
+            let script_parts: Vec<(&str, ScriptPart<'_>)> = order
+                .iter()
+                .enumerate()
+                .map(|(n, &i)| {
+                    let part = &parts[i];
+                    let joins = n > 0 && parts[order[n - 1]].group == part.group;
+                    (
+                        part.key,
+                        ScriptPart { rules: part.rules, op: Operation::Check { cost: part.cost }, joins },
+                    )
+                })
+                .collect();
+            let decided = self.shared.run(&script_parts).await?;
+            for (&i, decision) in order.iter().zip(decided) {
+                decisions[i] = Some(decision);
+            }
         }
         Ok(decisions.into_iter().flatten().collect())
     }
@@ -367,7 +368,7 @@ impl Backend for RedisBackend {
                     .ignore(),
             };
         }
-        let mut conn = self.shared.connection();
+        let mut conn = self.shared.connection().await?;
         self.shared.bounded(async move { pipe.query_async::<()>(&mut conn).await }).await
     }
 
@@ -375,7 +376,8 @@ impl Backend for RedisBackend {
     /// reconnects on its next use, so a probe that passes leaves them all usable.
     async fn ping(&self) -> Result<(), Error> {
         let mut result = Ok(());
-        for conn in self.shared.connections.iter() {
+        for conn in self.shared.bounded(self.shared.connections.all()).await? {
+            let conn = &conn;
             let ping = || {
                 let mut conn = conn.clone();
                 self.shared.bounded(async move { redis::cmd("PING").query_async::<()>(&mut conn).await })
@@ -391,4 +393,16 @@ impl Backend for RedisBackend {
         }
         result
     }
+}
+
+/// The parts of one group (indices into `parts`), split by key in the order keys first appear.
+fn split_by_key(parts: &[Part<'_>], group: impl IntoIterator<Item = usize>) -> Vec<Vec<usize>> {
+    let mut by_key: Vec<Vec<usize>> = Vec::new();
+    for i in group {
+        match by_key.iter_mut().find(|same| parts[same[0]].key == parts[i].key) {
+            Some(same) => same.push(i),
+            None => by_key.push(vec![i]),
+        }
+    }
+    by_key
 }

@@ -169,6 +169,25 @@ impl RedisServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Whether the process is still alive (not killed, not exited). A killed server has been
+    /// waited for, so its process no longer exists.
+    pub fn is_alive(&self) -> bool {
+        Command::new("kill")
+            .args(["-0", &self.child.id().to_string()])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// A command's text reply (such as `INFO replication`), or `None` when the server does not
+    /// answer.
+    pub fn try_text(&self, args: &[&str]) -> Option<String> {
+        match self.try_command(args) {
+            Ok(value) => redis::from_redis_value(value).ok(),
+            Err(_) => None,
+        }
+    }
 }
 
 fn spawn(port: u16, dir: &Path, extra: &[&str]) -> std::io::Result<Child> {

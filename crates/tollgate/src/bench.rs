@@ -180,7 +180,10 @@ async fn script_stats(url: &str) -> anyhow::Result<(u64, f64)> {
 async fn client(args: &BenchArgs) -> anyhow::Result<Client> {
     let rules = RuleSet::new([rule(args)]).context("--limit / --period")?;
     let target = args.target.as_str();
-    if target.starts_with("redis://") || target.starts_with("rediss://") {
+    if ["redis://", "rediss://", "redis+cluster://", "rediss+cluster://"]
+        .iter()
+        .any(|s| target.starts_with(s))
+    {
         let backend = RedisBackend::builder(target)
             .prefix("tollgate-bench")
             .connections(args.connections)
@@ -250,7 +253,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// The run itself (also used by tests).
 pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
     let client = client(args).await?;
-    let redis_url = matches!(client, Client::Redis(..)).then(|| args.target.clone());
+    // Redis CPU is read from one server's INFO, so not on a cluster.
+    let redis_url = (matches!(client, Client::Redis(..)) && !args.target.contains("+cluster://"))
+        .then(|| args.target.clone());
     let before = match &redis_url {
         Some(url) => Some(script_stats(url).await?),
         None => None,

@@ -108,7 +108,8 @@ struct ServeArgs {
     /// Address of the HTTP API [default: the config's server.listen, else 127.0.0.1:8080].
     #[arg(long, env = "TOLLGATE_LISTEN", value_name = "ADDR")]
     listen: Option<SocketAddr>,
-    /// Keep counters in Redis: redis://[user:password@]host:port[/db], or rediss:// for TLS.
+    /// Keep counters in Redis: redis://[user:password@]host:port[/db], or rediss:// for TLS;
+    /// a Redis Cluster as redis+cluster://[user:password@]host1:port1,host2:port2,...
     /// Overrides the config's [backend].
     #[arg(long, env = "TOLLGATE_REDIS_URL", value_name = "URL")]
     redis: Option<String>,

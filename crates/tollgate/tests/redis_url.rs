@@ -1,4 +1,5 @@
-//! `--redis` URLs beyond the plain one: a username and password, and TLS (`rediss://`).
+//! `--redis` URLs beyond the plain one: a username and password, TLS (`rediss://`), and a Redis
+//! Cluster (`redis+cluster://`).
 
 mod common;
 
@@ -7,7 +8,7 @@ use std::process::Command;
 
 use common::Tollgate;
 use serde_json::json;
-use tollgate_testkit::{RedisServer, free_port};
+use tollgate_testkit::{RedisCluster, RedisServer, free_port};
 
 const CONFIG: &str = r#"
 [backend]
@@ -45,6 +46,21 @@ async fn username_and_password_in_the_url() {
     let server = Tollgate::start(CONFIG, &["--redis", &bad]).await;
     let r = server.post("/v1/check", &json!({"key": "k", "policy": "p"})).await;
     assert_eq!(r.status(), 503, "a wrong password is a backend failure, answered by the failure policy");
+}
+
+#[tokio::test]
+async fn a_redis_cluster_url() {
+    let cluster = RedisCluster::start();
+    let server = Tollgate::start(CONFIG, &["--redis", &cluster.url()]).await;
+    assert!(answers_from_redis(&server).await, "{}", server.logs());
+    // The first check above spent one of the key's two; the next is the last, then 429.
+    let (status, _) = server.check(json!({"key": "k", "policy": "p"})).await;
+    assert_eq!(status, 200);
+    let (status, body) = server.check(json!({"key": "k", "policy": "p"})).await;
+    assert_eq!(status, 429, "{body}");
+    // The state is in the cluster, on the master that serves the key's slot.
+    let keys: usize = cluster.masters().iter().map(|&m| cluster.nodes()[m].keys().len()).sum();
+    assert_eq!(keys, 1);
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
