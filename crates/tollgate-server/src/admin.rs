@@ -2,7 +2,7 @@
 //! database, behind bearer tokens with a role (viewer < editor < admin) and optional apps.
 
 use axum::Json;
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -13,7 +13,7 @@ use tollgate_store::{
     ConsumerLimit, ConsumerLimitInput, Page, PolicyInput, PolicyRecord, Role, Store, StoreError, TokenRecord,
 };
 
-use crate::problem::{ApiJson, Problem};
+use crate::problem::{ApiJson, Path, Problem, Query, UniqueObject};
 use crate::state::AppState;
 
 /// The caller of a management route: the token its bearer secret names.
@@ -31,18 +31,22 @@ impl FromRequestParts<AppState> for Caller {
                 Problem::no_such("the management API needs a policy database (--database)").into_response()
             );
         };
-        let secret = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim);
         let unauthorized = |detail: &str| {
             let mut r = Problem::unauthorized(detail).into_response();
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"tollgate\""));
             r
         };
+        // Two Authorization headers are ambiguous (which one did a proxy in front check?).
+        if parts.headers.get_all(header::AUTHORIZATION).iter().nth(1).is_some() {
+            return Err(unauthorized("send one Authorization header, not several"));
+        }
+        let secret = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
         let Some(secret) = secret.filter(|s| !s.is_empty()) else {
             return Err(unauthorized("send a token: Authorization: Bearer <token>"));
         };
@@ -244,7 +248,7 @@ pub async fn get_policy(
 pub async fn create_policy(
     State(state): State<AppState>,
     caller: Caller,
-    ApiJson(mut body): ApiJson<serde_json::Map<String, Value>>,
+    ApiJson(UniqueObject(mut body)): ApiJson<UniqueObject>,
 ) -> Result<Response, Problem> {
     caller.require(Role::Editor)?;
     let name = match body.remove("name") {

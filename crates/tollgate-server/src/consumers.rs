@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock};
 use dashmap::DashMap;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tollgate_core::{Period, Rule, RuleSet};
@@ -19,7 +19,7 @@ use tollgate_store::{PERIODS, Role, aggregate, validate_consumer_id};
 use crate::admin::Caller;
 use crate::api::{DecisionBody, limit_problem, respond};
 use crate::headers::ceil_secs;
-use crate::problem::Problem;
+use crate::problem::{Path, Problem};
 use crate::state::AppState;
 
 /// The policy name consumer checks are reported (and labelled in metrics) under.

@@ -13,14 +13,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::Serialize;
 use tollgate_limiter::Verdict;
 use tollgate_store::Role;
 
 use crate::admin::Caller;
 use crate::headers::ceil_millis;
-use crate::problem::Problem;
+use crate::problem::{Path, Problem};
 use crate::state::AppState;
 
 /// Seconds of history kept per policy: 15 minutes of one-second buckets.

@@ -2,7 +2,8 @@
 //! malformed request into one, naming the offending field.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -205,6 +206,127 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
             }
         })?;
         parse(&bytes).map(ApiJson)
+    }
+}
+
+/// A path parameter, like axum's `Path`, whose rejections (such as percent-encoded bytes that
+/// are not UTF-8) are problems rather than plain text.
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(value)| Path(value))
+            .map_err(|rejection| match rejection.status().is_server_error() {
+                // A route declared without the parameters its handler reads: a bug.
+                true => Problem::internal(),
+                false => Problem::invalid("path", rejection.body_text()),
+            })
+    }
+}
+
+/// A query string, like axum's `Query`, whose rejections are problems naming the parameter.
+pub struct Query<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(value)| Query(value))
+            .map_err(|rejection| {
+                let text = rejection.body_text();
+                let detail = text.strip_prefix("Failed to deserialize query string: ").unwrap_or(&text);
+                // "limit: invalid digit found in string" names the parameter.
+                let field = detail
+                    .split_once(": ")
+                    .map(|(name, _)| name)
+                    .filter(|name| {
+                        !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    })
+                    .unwrap_or("query");
+                Problem::invalid(field, detail)
+            })
+    }
+}
+
+/// A JSON object read with no member name twice at any depth: `serde_json`'s `Map` and `Value`
+/// silently keep the last of a repeated member, where the derived request types refuse it.
+pub struct UniqueObject(pub serde_json::Map<String, serde_json::Value>);
+
+struct UniqueValue(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for UniqueValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(UniqueVisitor)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for UniqueObject {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match <UniqueValue as serde::Deserialize>::deserialize(d)?.0 {
+            serde_json::Value::Object(map) => Ok(UniqueObject(map)),
+            _ => Err(serde::de::Error::custom("the body must be a JSON object")),
+        }
+    }
+}
+
+struct UniqueVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
+    type Value = UniqueValue;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<UniqueValue, E> {
+        Ok(UniqueValue(v.into()))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<UniqueValue, E> {
+        Ok(UniqueValue(v.into()))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<UniqueValue, E> {
+        Ok(UniqueValue(v.into()))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<UniqueValue, E> {
+        Ok(UniqueValue(v.into()))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<UniqueValue, E> {
+        Ok(UniqueValue(v.into()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<UniqueValue, E> {
+        Ok(UniqueValue(v.into()))
+    }
+    fn visit_unit<E>(self) -> Result<UniqueValue, E> {
+        Ok(UniqueValue(serde_json::Value::Null))
+    }
+    fn visit_none<E>(self) -> Result<UniqueValue, E> {
+        Ok(UniqueValue(serde_json::Value::Null))
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<UniqueValue, D::Error> {
+        <UniqueValue as serde::Deserialize>::deserialize(d)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueValue, A::Error> {
+        let mut items = Vec::new();
+        while let Some(UniqueValue(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(UniqueValue(items.into()))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<UniqueValue, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(name) = map.next_key::<String>()? {
+            let UniqueValue(value) = map.next_value()?;
+            if object.contains_key(&name) {
+                return Err(serde::de::Error::custom(format_args!("duplicate field `{name}`")));
+            }
+            object.insert(name, value);
+        }
+        Ok(UniqueValue(object.into()))
     }
 }
 
