@@ -114,7 +114,8 @@ pub struct BackendSettings {
     /// Memory or Redis.
     pub kind: BackendKind,
     /// The Redis URL (`redis://` or `rediss://`, with `user:password@` if needed), or a Redis
-    /// Cluster's seed nodes (`redis+cluster://host1:port1,host2:port2`).
+    /// Cluster's seed nodes (`redis+cluster://host1:port1,host2:port2`), or Sentinel's
+    /// (`redis+sentinel://host1:port1,host2:port2/service`).
     pub url: Option<String>,
     /// Prefix of every Redis key.
     pub prefix: String,

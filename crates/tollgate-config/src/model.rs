@@ -107,13 +107,14 @@ struct PolicySection {
 }
 
 pub(crate) fn check_redis_url(url: &str) -> Result<(), String> {
-    const SCHEMES: [&str; 4] = ["redis://", "rediss://", "redis+cluster://", "rediss+cluster://"];
+    const SCHEMES: [&str; 5] =
+        ["redis://", "rediss://", "redis+cluster://", "rediss+cluster://", "redis+sentinel://"];
     if SCHEMES.iter().any(|scheme| url.starts_with(scheme)) {
         Ok(())
     } else {
         Err(format!(
-            "{url:?} is not a Redis URL: it must start with redis://, rediss:// or, for Redis \
-             Cluster, redis+cluster:// (rediss+cluster://)"
+            "{url:?} is not a Redis URL: it must start with redis://, rediss://, redis+cluster:// \
+             (rediss+cluster://) for Redis Cluster, or redis+sentinel:// for Redis Sentinel"
         ))
     }
 }

@@ -81,10 +81,8 @@ impl PolicySpec {
     pub fn of(policy: &Policy) -> PolicySpec {
         let (on_limit, max_wait) = match policy.on_limit {
             OnLimit::Reject => (Strategy::Reject, None),
-            OnLimit::Delay { max_wait } => {
-                let millis = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
-                (Strategy::Delay, Period::from_millis(millis).ok())
-            }
+            // Exact (a max_wait is a Period, in whole microseconds), not truncated to milliseconds.
+            OnLimit::Delay { max_wait } => (Strategy::Delay, Period::try_from(max_wait).ok()),
         };
         PolicySpec {
             description: policy.description.clone(),

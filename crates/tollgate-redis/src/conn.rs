@@ -6,14 +6,21 @@
 //! The cluster client of the `redis` crate finds the rest of the cluster, follows `MOVED` and
 //! `ASK` redirections and re-reads the slot map after a fail-over. Every key of one check shares
 //! a hash tag, so each script call lives in one slot and runs unchanged.
+//!
+//! A Sentinel URL lists the sentinels and names the service:
+//! `redis+sentinel://[user:password@]host1:port1,host2:port2/service` (the credentials are the
+//! Redis master's). The master is asked of the sentinels on first use and again after any
+//! failed call, so a fail-over is followed within a call or two.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture, Value};
 use tokio::sync::OnceCell;
 
 /// Where operations go.
@@ -23,6 +30,16 @@ pub(crate) enum Connections {
     /// A Redis Cluster: one multiplexed connection per node, owned by the cluster client,
     /// opened on first use (so a backend builds while the cluster is down).
     Cluster(Box<Cluster>),
+    /// A master found through Redis Sentinel, found again after a failed call.
+    Sentinel(Box<Sentinel>),
+}
+
+pub(crate) struct Sentinel {
+    sentinels: tokio::sync::Mutex<SentinelClient>,
+    config: ConnectionManagerConfig,
+    /// The master's connection, until a call fails; then when that was (re-asking the
+    /// sentinels at most every 100 ms while the master is down).
+    master: Mutex<(Option<ConnectionManager>, Option<Instant>)>,
 }
 
 pub(crate) struct Cluster {
@@ -36,6 +53,45 @@ pub(crate) struct Cluster {
 pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+}
+
+/// What a `redis+sentinel://` URL says: the sentinels' addresses, the service name, and the
+/// master's user and password.
+type SentinelParts = (Vec<ConnectionAddr>, String, Option<(String, String)>);
+
+/// The parts of a `redis+sentinel://` URL, or `None` for any other URL.
+pub(crate) fn sentinel_parts(url: &str) -> Option<Result<SentinelParts, String>> {
+    let rest = url.strip_prefix("redis+sentinel://")?;
+    Some((|| {
+        let (credentials, rest) = match rest.rsplit_once('@') {
+            Some((credentials, rest)) => (Some(credentials), rest),
+            None => (None, rest),
+        };
+        let (hosts, service) = rest
+            .split_once('/')
+            .ok_or("a Sentinel URL names its service: redis+sentinel://host:port/service")?;
+        let service = service.trim_end_matches('/');
+        if service.is_empty() {
+            return Err("a Sentinel URL names its service: redis+sentinel://host:port/service".to_owned());
+        }
+        let addresses = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                let (host, port) = h.rsplit_once(':').unwrap_or((h, "26379"));
+                let port = port.parse::<u16>().map_err(|_| format!("{h:?} is not host:port"))?;
+                Ok(ConnectionAddr::Tcp(host.to_owned(), port))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        if addresses.is_empty() {
+            return Err("a Sentinel URL lists at least one sentinel".to_owned());
+        }
+        let credentials = credentials.map(|c| match c.split_once(':') {
+            Some((user, password)) => (user.to_owned(), password.to_owned()),
+            None => (String::new(), c.to_owned()),
+        });
+        Ok((addresses, service.to_owned(), credentials))
+    })())
 }
 
 /// The seed nodes of a `redis+cluster://` or `rediss+cluster://` URL as `redis://` /
@@ -74,12 +130,31 @@ impl Connections {
             let cluster = Cluster { client, connection: OnceCell::new(), calls_in_flight: connections };
             return Ok(Connections::Cluster(Box::new(cluster)));
         }
-        let client = redis::Client::open(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(1)
             .set_max_delay(timeout);
+        if let Some(parts) = sentinel_parts(url) {
+            let (addresses, service, credentials) = parts.map_err(|e| {
+                RedisError::from((redis::ErrorKind::InvalidClientConfig, "invalid Sentinel URL", e))
+            })?;
+            // Asking the sentinels is bounded by each call's own timeout.
+            let mut builder = SentinelClientBuilder::new(addresses, service, SentinelServerType::Master)?;
+            if let Some((user, password)) = credentials {
+                if !user.is_empty() {
+                    builder = builder.set_client_to_redis_username(user);
+                }
+                builder = builder.set_client_to_redis_password(password);
+            }
+            let sentinel = Sentinel {
+                sentinels: tokio::sync::Mutex::new(builder.build()?),
+                config,
+                master: Mutex::new((None, None)),
+            };
+            return Ok(Connections::Sentinel(Box::new(sentinel)));
+        }
+        let client = redis::Client::open(url)?;
         let connections = (0..connections)
             .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
             .collect::<Result<Vec<_>, _>>()?;
@@ -91,6 +166,7 @@ impl Connections {
         match self {
             Connections::Single { connections, .. } => connections.len(),
             Connections::Cluster(cluster) => cluster.calls_in_flight,
+            Connections::Sentinel(_) => 1,
         }
     }
 
@@ -111,6 +187,17 @@ impl Connections {
                     cluster.connection.get_or_try_init(|| cluster.client.get_async_connection()).await?;
                 Ok(Conn::Cluster(conn.clone()))
             }
+            Connections::Sentinel(sentinel) => sentinel.master().await.map(Conn::Single),
+        }
+    }
+
+    /// Tells the connections a call on them failed: a Sentinel set-up asks for the master again.
+    pub(crate) fn failed(&self) {
+        if let Connections::Sentinel(sentinel) = self {
+            let mut master = sentinel.master.lock().unwrap_or_else(|e| e.into_inner());
+            if master.0.take().is_some() {
+                master.1 = Some(Instant::now());
+            }
         }
     }
 
@@ -120,8 +207,31 @@ impl Connections {
             Connections::Single { connections, .. } => {
                 Ok(connections.iter().cloned().map(Conn::Single).collect())
             }
-            Connections::Cluster(_) => Ok(vec![self.next().await?]),
+            Connections::Cluster(_) | Connections::Sentinel(_) => Ok(vec![self.next().await?]),
         }
+    }
+}
+
+impl Sentinel {
+    /// The master's connection, asking the sentinels where it is when there is none.
+    async fn master(&self) -> Result<ConnectionManager, RedisError> {
+        let since_failure = {
+            let master = self.master.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(conn) = &master.0 {
+                return Ok(conn.clone());
+            }
+            master.1.map(|at| at.elapsed())
+        };
+        // Do not hammer the sentinels while the master is down.
+        if let Some(since) = since_failure
+            && since < Duration::from_millis(100)
+        {
+            tokio::time::sleep(Duration::from_millis(100) - since).await;
+        }
+        let client = self.sentinels.lock().await.async_get_client().await?;
+        let conn = ConnectionManager::new_lazy_with_config(client, self.config.clone())?;
+        let mut master = self.master.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(master.0.get_or_insert(conn).clone())
     }
 }
 
@@ -168,5 +278,20 @@ mod tests {
             Some(vec!["rediss://app:s3cret@a:6380".to_owned(), "rediss://app:s3cret@b:6380".to_owned()])
         );
         assert_eq!(cluster_nodes("redis://127.0.0.1:6379"), None);
+    }
+
+    #[test]
+    fn sentinel_urls_list_sentinels_and_name_the_service() {
+        let (addresses, service, credentials) =
+            sentinel_parts("redis+sentinel://app:pw@s1:26379,s2:26380/mymaster").unwrap().unwrap();
+        assert_eq!(
+            addresses,
+            [ConnectionAddr::Tcp("s1".into(), 26379), ConnectionAddr::Tcp("s2".into(), 26380)]
+        );
+        assert_eq!(service, "mymaster");
+        assert_eq!(credentials, Some(("app".to_owned(), "pw".to_owned())));
+        assert!(sentinel_parts("redis+sentinel://s1:26379").unwrap().is_err(), "no service");
+        assert!(sentinel_parts("redis+sentinel://s1:x/m").unwrap().is_err(), "bad port");
+        assert!(sentinel_parts("redis://h:1").is_none());
     }
 }

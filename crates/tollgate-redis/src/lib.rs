@@ -275,10 +275,15 @@ impl Shared {
 
     /// Runs `fut` within the timeout, mapping errors.
     async fn bounded<T>(&self, fut: impl Future<Output = Result<T, RedisError>>) -> Result<T, Error> {
-        match tokio::time::timeout(self.timeout, fut).await {
+        let result = match tokio::time::timeout(self.timeout, fut).await {
             Ok(result) => result.map_err(|e| map_error(e, self.timeout)),
             Err(_) => Err(Error::Timeout(self.timeout)),
+        };
+        if let Err(Error::Timeout(_) | Error::Unavailable(_)) = &result {
+            // Behind Sentinel, the master may have moved (a demoted one answers READONLY).
+            self.connections.failed();
         }
+        result
     }
 }
 

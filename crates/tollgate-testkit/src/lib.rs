@@ -4,6 +4,7 @@
 //!   never touch the shared 6379. A missing `redis-server` fails the test with a message saying
 //!   how to install it; it is never skipped.
 //! - [`RedisCluster`]: a private Redis Cluster (3 masters, 3 replicas) of six such servers.
+//! - [`RedisSentinel`]: a private master, replica and three sentinels.
 //! - [`PostgresServer`]: a private PostgreSQL cluster (initdb in a temporary directory) on a
 //!   free loopback port, with fresh databases on demand; never the shared 5432.
 //! - [`conformance`]: scenarios that every backend must pass identically, run against a backend
@@ -13,8 +14,10 @@
 pub mod conformance;
 mod postgres_server;
 mod redis_cluster;
+mod redis_sentinel;
 mod redis_server;
 
 pub use postgres_server::PostgresServer;
 pub use redis_cluster::RedisCluster;
+pub use redis_sentinel::RedisSentinel;
 pub use redis_server::{OnServer, RedisServer, free_port};

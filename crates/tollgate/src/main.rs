@@ -109,7 +109,8 @@ struct ServeArgs {
     #[arg(long, env = "TOLLGATE_LISTEN", value_name = "ADDR")]
     listen: Option<SocketAddr>,
     /// Keep counters in Redis: redis://[user:password@]host:port[/db], or rediss:// for TLS;
-    /// a Redis Cluster as redis+cluster://[user:password@]host1:port1,host2:port2,...
+    /// a Redis Cluster as redis+cluster://[user:password@]host1:port1,host2:port2,...; Redis
+    /// Sentinel as redis+sentinel://[user:password@]sentinel1:port,sentinel2:port/service
     /// Overrides the config's [backend].
     #[arg(long, env = "TOLLGATE_REDIS_URL", value_name = "URL")]
     redis: Option<String>,
