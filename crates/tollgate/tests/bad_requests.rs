@@ -6,7 +6,7 @@
 mod common;
 
 use common::Tollgate;
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// One bad request: name, method and path, content type, body, expected status, and the field
 /// the problem must name (`None`: the problem has no `field`).
@@ -173,39 +173,25 @@ fn mismatch(case: &Case, status: u16, content_type: Option<&str>, text: &str) ->
             "{name} ({route}): status {status}, expected {expected_status}\n    answer: {text}"
         ));
     }
-    if content_type != Some("application/problem+json") {
-        wrong.push(format!("content-type {content_type:?}"));
-    }
-    match serde_json::from_str::<Value>(text) {
-        Err(e) => wrong.push(format!("body is not JSON ({e})")),
-        Ok(body) => {
-            for member in ["type", "title", "detail"] {
-                if body[member].as_str().is_none_or(str::is_empty) {
-                    wrong.push(format!("{member} missing or empty"));
-                }
-            }
-            if body["status"].as_u64() != Some(u64::from(status)) {
-                wrong.push(format!("status member {} is not the HTTP status {status}", body["status"]));
-            }
-            // The problem type is the documented anchor for the status.
-            let slug = match (*expected_status, expected_field) {
-                (400, None) => "malformed-body",
-                (400, Some(_)) => "invalid-request",
-                (404, Some(_)) => "unknown-policy",
-                (404, None) => "not-found",
-                (405, _) => "method-not-allowed",
-                (413, _) => "body-too-large",
-                (415, _) => "unsupported-media-type",
-                _ => "",
-            };
-            let kind = body["type"].as_str().unwrap_or_default();
-            if !kind.starts_with("http") || !kind.ends_with(&format!("#{slug}")) {
-                wrong.push(format!("type {kind:?} is not the #{slug} anchor"));
-            }
-            let field = body.get("field").map(|f| f.as_str().unwrap_or("<not a string>"));
-            if field != *expected_field {
-                wrong.push(format!("field {field:?}, expected {expected_field:?}"));
-            }
+    if let Some(body) = common::problem_shape(status, content_type, text, &mut wrong) {
+        // The problem type is the documented anchor for the status.
+        let slug = match (*expected_status, expected_field) {
+            (400, None) => "malformed-body",
+            (400, Some(_)) => "invalid-request",
+            (404, Some(_)) => "unknown-policy",
+            (404, None) => "not-found",
+            (405, _) => "method-not-allowed",
+            (413, _) => "body-too-large",
+            (415, _) => "unsupported-media-type",
+            _ => "",
+        };
+        let kind = body["type"].as_str().unwrap_or_default();
+        if !kind.starts_with("http") || !kind.ends_with(&format!("#{slug}")) {
+            wrong.push(format!("type {kind:?} is not the #{slug} anchor"));
+        }
+        let field = body.get("field").map(|f| f.as_str().unwrap_or("<not a string>"));
+        if field != *expected_field {
+            wrong.push(format!("field {field:?}, expected {expected_field:?}"));
         }
     }
     (!wrong.is_empty()).then(|| format!("{name} ({route}): {}\n    answer: {text}", wrong.join("; ")))

@@ -420,22 +420,7 @@ fn http_mismatch(
                 wrong.push(format!("status {status}, expected {expected}"));
             }
             let ct = headers.get("content-type").and_then(|v| v.to_str().ok());
-            if ct != Some("application/problem+json") {
-                wrong.push(format!("content-type {ct:?}"));
-            }
-            match serde_json::from_str::<Value>(text) {
-                Err(e) => wrong.push(format!("body is not JSON ({e})")),
-                Ok(body) => {
-                    for member in ["type", "title", "detail"] {
-                        if body[member].as_str().is_none_or(str::is_empty) {
-                            wrong.push(format!("{member} missing or empty"));
-                        }
-                    }
-                    if body["status"].as_u64() != Some(u64::from(status)) {
-                        wrong.push(format!("status member {}", body["status"]));
-                    }
-                }
-            }
+            common::problem_shape(status, ct, text, &mut wrong);
         }
         Expect::Fresh(_) => {
             let body: Value = serde_json::from_str(text).unwrap_or(Value::Null);

@@ -192,3 +192,34 @@ pub async fn inside_window(period_secs: u64, margin_secs: u64) {
         tokio::time::sleep(Duration::from_millis(u64::try_from(left).unwrap() + 50)).await;
     }
 }
+
+/// Checks the shape every RFC 9457 answer has (its content type; `type`, `title` and `detail`;
+/// a `status` member equal to the HTTP status), adding what is wrong to `wrong`. Returns the
+/// body when it is JSON, for the caller's own checks.
+pub fn problem_shape(
+    status: u16,
+    content_type: Option<&str>,
+    text: &str,
+    wrong: &mut Vec<String>,
+) -> Option<Value> {
+    if content_type != Some("application/problem+json") {
+        wrong.push(format!("content-type {content_type:?}"));
+    }
+    match serde_json::from_str::<Value>(text) {
+        Err(e) => {
+            wrong.push(format!("body is not JSON ({e})"));
+            None
+        }
+        Ok(body) => {
+            for member in ["type", "title", "detail"] {
+                if body[member].as_str().is_none_or(str::is_empty) {
+                    wrong.push(format!("{member} missing or empty"));
+                }
+            }
+            if body["status"].as_u64() != Some(u64::from(status)) {
+                wrong.push(format!("status member {} is not the HTTP status {status}", body["status"]));
+            }
+            Some(body)
+        }
+    }
+}
