@@ -31,7 +31,8 @@ fn one() -> u64 {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckRequest {
-    /// Whose requests are counted: 1 to 512 bytes (an API key, a user id, an IP, ...). Not
+    /// Whose requests are counted: 1 to 512 bytes (an API key, a user id, an IP, ...), not
+    /// starting with `consumer:`, `anonymous:`, `envoy:` or `envoy#` (Tollgate's own). Not
     /// with `consumer` or `anonymous_ip`, which name their own key.
     #[serde(default)]
     pub key: Option<String>,
@@ -314,6 +315,25 @@ fn rules_field(policy: &Option<String>) -> &'static str {
     if policy.is_some() { "policy" } else { "limits" }
 }
 
+/// Key prefixes that Tollgate's own checks count under: consumers and anonymous callers
+/// (consumers.rs) and Envoy descriptors (tollgate-envoy's service). A caller's key may not start
+/// with one, so that no decision request can spend or reset those counts.
+const RESERVED_KEY_PREFIXES: [&str; 4] = ["consumer:", "anonymous:", "envoy:", "envoy#"];
+
+/// Refuses a caller's key in one of Tollgate's own namespaces.
+fn caller_key(key: &str) -> Result<&str, Problem> {
+    match RESERVED_KEY_PREFIXES.iter().find(|prefix| key.starts_with(**prefix)) {
+        Some(prefix) => Err(Problem::invalid(
+            "key",
+            format!(
+                "keys starting with {prefix:?} are Tollgate's own (consumer, anonymous and Envoy \
+                 checks count under them); choose another key"
+            ),
+        )),
+        None => Ok(key),
+    }
+}
+
 /// Checks (and takes) `cost` units for a key.
 #[utoipa::path(
     post, path = "/v1/check", request_body = CheckRequest,
@@ -359,6 +379,7 @@ pub async fn check(
     let Some(key) = req.key else {
         return Err(Problem::invalid("key", "give a key (or a consumer, or an anonymous_ip)"));
     };
+    caller_key(&key)?;
     let field = rules_field(&req.policy);
     let policy = resolve(&state, req.policy.as_deref(), req.limits)?;
     let verdict = state.limiter.check(&key, &policy, req.cost).await.map_err(|e| limit_problem(e, field))?;
@@ -381,6 +402,7 @@ pub async fn acquire(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<AcquireRequest>,
 ) -> Result<Response, Problem> {
+    caller_key(&req.key)?;
     let policy = resolve_lease(&state, req.policy.as_deref(), req.limit, req.lease)?;
     let (verdict, lease) = state
         .limiter
@@ -405,6 +427,7 @@ pub async fn release(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<ReleaseRequest>,
 ) -> Result<Response, Problem> {
+    caller_key(&req.key)?;
     let policy = resolve_lease(&state, req.policy.as_deref(), req.limit, req.lease)?;
     let id: LeaseId = req
         .lease_id
@@ -441,6 +464,7 @@ pub async fn reset(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<ResetRequest>,
 ) -> Result<StatusCode, Problem> {
+    caller_key(&req.key)?;
     let field = rules_field(&req.policy);
     let policy = resolve(&state, req.policy.as_deref(), req.limits)?;
     state.limiter.reset(&req.key, &policy.rules).await.map_err(|e| limit_problem(e, field))?;

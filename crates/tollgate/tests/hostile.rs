@@ -294,8 +294,13 @@ fn http_catalogue() -> Vec<HttpCase> {
         fresh("key precomposed é", "é"),
         fresh("key decomposed é", "e\u{301}"),
         fresh("key of 512 bytes of braces", &"{}".repeat(256)),
-        fresh("key equal to an Envoy descriptor's", "envoy:edge|remote_address=victim"),
-        fresh("key equal to a consumer's", "consumer:victim"),
+        // Tollgate's own namespaces are refused, so no key can equal an internal one.
+        bad("key equal to an Envoy descriptor's", "/v1/check", json!({"key": "envoy:edge|remote_address=victim", "policy": "victim"}).to_string(), 400),
+        bad("key equal to a hashed Envoy key", "/v1/check", json!({"key": "envoy#00", "policy": "victim"}).to_string(), 400),
+        bad("key equal to a consumer's", "/v1/check", json!({"key": "consumer:victim", "policy": "victim"}).to_string(), 400),
+        bad("key equal to an anonymous caller's", "/v1/check", json!({"key": "anonymous:10.0.0.1", "policy": "victim"}).to_string(), 400),
+        bad("reset of a consumer's key", "/v1/reset", json!({"key": "consumer:victim", "policy": "victim"}).to_string(), 400),
+        bad("acquire under an Envoy key", "/v1/acquire", json!({"key": "envoy:edge", "limit": 2, "lease": "30s"}).to_string(), 400),
         // Resets of look-alike keys answer 204 and reset nobody else.
         reset("reset victim NUL", "victim\0"),
         reset("reset {victim}", "{victim}"),
@@ -1036,10 +1041,8 @@ async fn hostile_requests_on_redis_touch_only_their_own_keys() {
     let legal = run_catalogue(&mut run, "redis").await;
 
     // Every Redis key is the hash of one legal key, and every legal key has exactly one: the
-    // crafted keys never shared a Redis key with the victims or with each other. (The HTTP key
-    // `envoy:edge|remote_address=victim` is the very string the Envoy victim is counted under,
-    // so the two share a hash; their rules differ, so their fields do, and the victim's count
-    // was checked unchanged above.)
+    // crafted keys never shared a Redis key with the victims or with each other (keys in
+    // Tollgate's own namespaces, such as the Envoy victim's, are refused).
     let keys: BTreeSet<String> = redis.keys().into_iter().collect();
     let hashed = legal.iter().filter(|k| *k == "envoy#").count();
     let distinct: BTreeSet<&String> = legal.iter().filter(|k| *k != "envoy#").collect();
