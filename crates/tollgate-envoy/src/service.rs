@@ -62,13 +62,18 @@ fn key_of(domain: &str, entries: &[(String, String)]) -> String {
     if key.len() <= tollgate_core::limits::MAX_KEY_BYTES {
         key
     } else {
-        format!("envoy#{:x}", Sha256::digest(key.as_bytes()))
+        format!("{HASHED_KEY_PREFIX}{:x}", Sha256::digest(key.as_bytes()))
     }
 }
 
+/// Every descriptor's engine key starts with this (`envoy:<domain>|key=value|...`).
+pub const KEY_PREFIX: &str = "envoy:";
+/// ... or, when that is too long, with this and the SHA-256 of it.
+pub const HASHED_KEY_PREFIX: &str = "envoy#";
+
 fn readable_key(domain: &str, entries: &[(String, String)]) -> String {
     let escape = |s: &str| s.replace('%', "%25").replace('|', "%7C").replace('=', "%3D");
-    let mut key = format!("envoy:{}", escape(domain));
+    let mut key = format!("{KEY_PREFIX}{}", escape(domain));
     for (k, v) in entries {
         key.push('|');
         key.push_str(&escape(k));

@@ -37,6 +37,7 @@ pub(crate) enum Connections {
 pub(crate) struct Sentinel {
     sentinels: tokio::sync::Mutex<SentinelClient>,
     config: ConnectionManagerConfig,
+    calls_in_flight: usize,
     /// The master's connection, until a call fails; then when that was (re-asking the
     /// sentinels at most every 100 ms while the master is down).
     master: Mutex<(Option<ConnectionManager>, Option<Instant>)>,
@@ -150,6 +151,7 @@ impl Connections {
             let sentinel = Sentinel {
                 sentinels: tokio::sync::Mutex::new(builder.build()?),
                 config,
+                calls_in_flight: connections,
                 master: Mutex::new((None, None)),
             };
             return Ok(Connections::Sentinel(Box::new(sentinel)));
@@ -166,7 +168,7 @@ impl Connections {
         match self {
             Connections::Single { connections, .. } => connections.len(),
             Connections::Cluster(cluster) => cluster.calls_in_flight,
-            Connections::Sentinel(_) => 1,
+            Connections::Sentinel(sentinel) => sentinel.calls_in_flight,
         }
     }
 

@@ -140,8 +140,12 @@ pub(crate) async fn check_consumer(
         };
         return Ok(Json(body).into_response());
     };
-    decide(state, &format!("consumer:{consumer}"), &policy, cost, "for this consumer").await
+    decide(state, &format!("{CONSUMER_KEY_PREFIX}{consumer}"), &policy, cost, "for this consumer").await
 }
+
+/// A consumer's state key is this and its id; an anonymous caller's, the other and its address.
+pub(crate) const CONSUMER_KEY_PREFIX: &str = "consumer:";
+pub(crate) const ANONYMOUS_KEY_PREFIX: &str = "anonymous:";
 
 /// `POST /v1/check {"anonymous_ip": ...}`.
 pub(crate) async fn check_anonymous(state: &AppState, ip: &str, cost: u64) -> Result<Response, Problem> {
@@ -151,7 +155,7 @@ pub(crate) async fn check_anonymous(state: &AppState, ip: &str, cost: u64) -> Re
     let per_hour = state.config().consumers.anonymous_per_hour;
     let hourly = [None, None, Some(per_hour), None, None, None];
     let policy = consumer_policy(ANONYMOUS_POLICY, hourly).ok_or_else(Problem::internal)?;
-    decide(state, &format!("anonymous:{ip}"), &policy, cost, "from an anonymous caller").await
+    decide(state, &format!("{ANONYMOUS_KEY_PREFIX}{ip}"), &policy, cost, "from an anonymous caller").await
 }
 
 /// One period's live state.
@@ -200,7 +204,7 @@ pub async fn call_limits(
     if let Some(policy) = consumer_policy(CONSUMER_POLICY, limits) {
         let verdict = state
             .limiter
-            .peek(&format!("consumer:{consumer}"), &policy.rules)
+            .peek(&format!("{CONSUMER_KEY_PREFIX}{consumer}"), &policy.rules)
             .await
             .map_err(|e| limit_problem(e, "consumer"))?;
         body.degraded = verdict.degraded;

@@ -4,6 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::redis_server::wait;
 use crate::{RedisServer, free_port};
 
 /// A Redis Cluster of the test's own (3 masters, 3 replicas, node timeout 1 s so a fail-over
@@ -90,10 +91,7 @@ impl RedisCluster {
     /// If that takes longer than `within`.
     pub fn wait_masters(&self, count: usize, within: Duration) {
         let deadline = Instant::now() + within;
-        while self.masters().len() != count {
-            assert!(Instant::now() < deadline, "no {count} masters within {within:?}: {:?}", self.masters());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait(deadline, &format!("{count} masters"), || self.masters().len() == count);
         self.wait_ok(deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1)));
     }
 

@@ -4,6 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::redis_server::wait;
 use crate::{RedisServer, free_port};
 
 /// The service name the sentinels know the master by.
@@ -96,13 +97,6 @@ impl RedisSentinel {
         wait(Instant::now() + within, "the replica to be promoted", || {
             self.replica.try_text(&["INFO", "replication"]).is_some_and(|i| i.contains("role:master"))
         });
-    }
-}
-
-fn wait(deadline: Instant, what: &str, mut ready: impl FnMut() -> bool) {
-    while !ready() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

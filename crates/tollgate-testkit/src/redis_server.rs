@@ -190,6 +190,17 @@ impl RedisServer {
     }
 }
 
+/// Polls `ready` every 50 ms until it holds.
+///
+/// # Panics
+/// If it does not hold by `deadline`.
+pub(crate) fn wait(deadline: Instant, what: &str, mut ready: impl FnMut() -> bool) {
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn spawn(port: u16, dir: &Path, extra: &[&str]) -> std::io::Result<Child> {
     Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
