@@ -5,14 +5,16 @@ local fixed_window = {}
 
 local ALIGN_CLOCK = 0
 
--- args: limit, period, align (0 clock, 1 first hit)
-function fixed_window.load(slot, now, limit, period, align)
-  local v = hload(slot, 's', 'c')
-  if v[2] > 0 then
-    slot.had = v[1] + period -- as `save` stored it
+-- args: limit, period, align (0 clock, 1 first hit); `into`, a state table to fill rather than
+-- make a new one (see check in engine.lua)
+function fixed_window.load(slot, now, limit, period, align, _, into)
+  local start, count = hload(slot, 's', 'c')
+  if count > 0 then
+    slot.had = start + period -- as `save` stored it
   end
-  local st = {slot = slot, limit = limit, period = period, clock = align == ALIGN_CLOCK,
-              start = v[1], count = v[2]}
+  local st = into or {slot = false, limit = 0, period = 0, clock = false, start = 0, count = 0}
+  st.slot, st.limit, st.period, st.clock = slot, limit, period, align == ALIGN_CLOCK
+  st.start, st.count = start, count
   if st.clock then
     local start = floor_div(now, period) * period
     if st.start ~= start then

@@ -55,14 +55,17 @@ local function save(st, now)
   end
 end
 
--- args: capacity, quotient, remainder, den, where T = quotient + remainder / den microseconds
-function gcra.load(slot, now, capacity, quotient, remainder, den)
-  local v = hload(slot, 't', 'f')
-  if v[1] > 0 or v[2] > 0 then
-    slot.had = ceil_micros(v[1], v[2]) -- as `save` stored it
+-- args: capacity, quotient, remainder, den, where T = quotient + remainder / den microseconds;
+-- `into`, a state table to fill rather than make a new one (see check in engine.lua)
+function gcra.load(slot, now, capacity, quotient, remainder, den, into)
+  local tw, tf = hload(slot, 't', 'f')
+  if tw > 0 or tf > 0 then
+    slot.had = ceil_micros(tw, tf) -- as `save` stored it
   end
-  local st = {slot = slot, capacity = capacity, quotient = quotient, remainder = remainder,
-              den = den, num = quotient * den + remainder, tw = v[1], tf = v[2]}
+  local st = into or {slot = false, capacity = 0, quotient = 0, remainder = 0, den = 1, num = 0,
+                      tw = 0, tf = 0}
+  st.slot, st.capacity, st.quotient, st.remainder, st.den = slot, capacity, quotient, remainder, den
+  st.num, st.tw, st.tf = quotient * den + remainder, tw, tf
   if not less(now, 0, st.tw, st.tf) then
     st.tw = 0
     st.tf = 0

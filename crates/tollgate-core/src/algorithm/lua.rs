@@ -139,14 +139,60 @@ impl Variant {
 /// reads Redis's clock. `KEYS` are each part's state keys, part after part, each in its rule
 /// set's order: for rules whose [`StateSlot`](crate::StateSlot) is shared, the same hash key
 /// each time. The parts of a group must be consecutive (`joins`).
+///
+/// Each distinct rule is sent once and parts name rules by number, and consecutive lone checks
+/// of one rule (single-rule `check` parts in groups of their own, as a coalesced batch is) are
+/// sent as one run of costs: Redis pays for every argument (see `engine.lua`).
 pub fn arguments<'a>(parts: &[ScriptPart<'a>], now: Option<Timestamp>) -> Vec<Arg<'a>> {
-    let rules: usize = parts.iter().map(|p| p.rules.len()).sum();
-    let mut args = Vec::with_capacity(1 + 6 * parts.len() + 6 * rules);
+    // The distinct rules (algorithm and parameters, field prefix), and each part's rule numbers.
+    let mut rules: Vec<([i64; 5], &'a str)> = Vec::new();
+    let mut numbers: Vec<i64> = Vec::with_capacity(parts.iter().map(|p| p.rules.len()).sum());
+    for part in parts {
+        for rule in part.rules.compiled() {
+            let entry = (rule.algo.lua_args(), &*rule.field_prefix);
+            let i = rules.iter().position(|r| *r == entry).unwrap_or_else(|| {
+                rules.push(entry);
+                rules.len() - 1
+            });
+            numbers.push(i as i64 + 1);
+        }
+    }
+    let mut args = Vec::with_capacity(2 + 6 * rules.len() + 6 * parts.len() + numbers.len());
     args.push(match now {
         Some(now) => Arg::Int(to_i64(now.as_micros())),
         None => Arg::Text(""),
     });
-    for part in parts {
+    args.push(Arg::Int(rules.len() as i64));
+    for (values, prefix) in &rules {
+        args.extend(values.map(Arg::Int));
+        args.push(Arg::Text(prefix));
+    }
+    let mut numbers = numbers.into_iter();
+    let mut run: Option<(i64, usize)> = None; // a run's rule number and where its count is
+    for (i, part) in parts.iter().enumerate() {
+        let lone_check = match part.op {
+            Operation::Check { cost } if part.rules.len() == 1 && !part.joins => {
+                parts.get(i + 1).is_none_or(|next| !next.joins).then_some(cost)
+            }
+            _ => None,
+        };
+        if let Some(cost) = lone_check {
+            let rule = numbers.next().unwrap_or_default();
+            match run {
+                Some((r, count_at)) if r == rule => {
+                    if let Arg::Int(count) = &mut args[count_at] {
+                        *count += 1;
+                    }
+                }
+                _ => {
+                    args.extend([Arg::Text("r"), Arg::Int(rule), Arg::Int(1)]);
+                    run = Some((rule, args.len() - 1));
+                }
+            }
+            args.push(Arg::Int(to_i64(cost)));
+            continue;
+        }
+        run = None;
         let (name, amount, lease_id, lease_units) = match part.op {
             Operation::Check { cost } => ("check", cost, "", 0),
             Operation::Acquire { cost, lease } => ("acquire", cost, lease.as_str(), 0),
@@ -159,10 +205,7 @@ pub fn arguments<'a>(parts: &[ScriptPart<'a>], now: Option<Timestamp>) -> Vec<Ar
         args.push(Arg::Int(to_i64(lease_units)));
         args.push(Arg::Int(i64::from(part.joins)));
         args.push(Arg::Int(part.rules.len() as i64));
-        for rule in part.rules.compiled() {
-            args.extend(rule.algo.lua_args().map(Arg::Int));
-            args.push(Arg::Text(&rule.field_prefix));
-        }
+        args.extend(numbers.by_ref().take(part.rules.len()).map(Arg::Int));
     }
     args
 }
@@ -212,5 +255,40 @@ mod tests {
         assert!(source.ends_with("return reply\n"));
         let all = Variant::ALL.source();
         assert!((1..=5).all(|n| all.contains(&format!("ALGORITHMS[{n}] = "))));
+    }
+
+    #[test]
+    fn rules_are_sent_once_and_lone_checks_as_runs() {
+        let one = RuleSet::new([Rule::fixed_window(5, Period::SECOND)]).unwrap();
+        let two =
+            RuleSet::new([Rule::fixed_window(5, Period::SECOND), Rule::gcra(3, Period::MINUTE, 2)]).unwrap();
+        let check = |cost| Operation::Check { cost };
+        let parts = [
+            ScriptPart::alone(&one, check(1)),
+            ScriptPart::alone(&one, check(2)),
+            // a group of two: not lone, though single-rule
+            ScriptPart::alone(&one, check(3)),
+            ScriptPart { rules: &one, op: check(4), joins: true },
+            ScriptPart::alone(&two, check(5)),
+            ScriptPart::alone(&one, check(6)),
+        ];
+        let args = arguments(&parts, Some(Timestamp::from_micros(7)));
+        let text: Vec<String> = args
+            .iter()
+            .map(|a| match a {
+                Arg::Int(n) => n.to_string(),
+                Arg::Text(t) => format!("'{t}'"),
+            })
+            .collect();
+        // now, two distinct rules (the two sets share the fixed window: same parameters and field
+        // prefix), the fixed window
+        assert_eq!(text[..7], ["7", "2", "1", "5", "1000000", "0", "0"]);
+        assert!(text[7].ends_with(".'"), "a hash field prefix: {}", text[7]);
+        assert_eq!(text[8], "4", "the second rule is GCRA");
+        let parts_args = text[14..].join(" ");
+        assert_eq!(
+            parts_args,
+            "'r' 1 2 1 2 'check' 3 '' 0 0 1 1 'check' 4 '' 0 1 1 1 'check' 5 '' 0 0 2 1 2 'r' 1 1 6"
+        );
     }
 }

@@ -62,20 +62,16 @@ local CLOCK_IS_REDIS = false
 -- makes (allocation and garbage collection cost more than the Redis calls; see "Leaner
 -- scripts" in docs/benchmarks.md), so the hot path makes as few as it can.
 
--- Reads the slot's fields a, b (and c) as numbers, 0 when absent.
+-- Returns the slot's fields a, b (and c) as numbers, 0 when absent.
 local function hload(slot, a, b, c)
   local p = slot.p
-  local v
-  if c then
-    v = redis.call('HMGET', slot.key, p .. a, p .. b, p .. c)
-  else
-    v = redis.call('HMGET', slot.key, p .. a, p .. b)
-  end
-  for i = 1, #v do
-    v[i] = tonumber(v[i]) or 0
-  end
   slot.had = 0
-  return v
+  if c then
+    local v = redis.call('HMGET', slot.key, p .. a, p .. b, p .. c)
+    return tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0
+  end
+  local v = redis.call('HMGET', slot.key, p .. a, p .. b)
+  return tonumber(v[1]) or 0, tonumber(v[2]) or 0
 end
 
 -- The latest expiry (microseconds) each key's TTL was set to cover during this call.

@@ -43,16 +43,18 @@ local function save(st, now)
   end
 end
 
--- args: limit, period
-function sliding_window_counter.load(slot, now, limit, period)
-  local v = hload(slot, 's', 'p', 'c')
-  if v[3] > 0 then -- as `save` stored it (see expires_at)
-    slot.had = v[1] + 2 * period
-  elseif v[2] > 0 then
-    slot.had = v[1] + period
+-- args: limit, period; `into`, a state table to fill rather than make a new one (see check in
+-- engine.lua)
+function sliding_window_counter.load(slot, now, limit, period, _, _, into)
+  local start, previous, current = hload(slot, 's', 'p', 'c')
+  if current > 0 then -- as `save` stored it (see expires_at)
+    slot.had = start + 2 * period
+  elseif previous > 0 then
+    slot.had = start + period
   end
-  local st = {slot = slot, limit = limit, period = period}
-  st.start, st.previous, st.current = roll(period, v[1], v[2], v[3], now)
+  local st = into or {slot = false, limit = 0, period = 0, start = 0, previous = 0, current = 0}
+  st.slot, st.limit, st.period = slot, limit, period
+  st.start, st.previous, st.current = roll(period, start, previous, current, now)
   return st
 end
 
