@@ -8,6 +8,10 @@
 //! key made through another instance, which lets that key in earlier there than here (this
 //! instance forgets its own entries on its own reset and refund). Rule sets with concurrency
 //! leases are never cached, since a release elsewhere frees units at any moment.
+//!
+//! Each entry is tied to the backend's count of connection failures when its request was
+//! sent, and holds only while that count stays the same: after a lost connection, Redis may
+//! be a new, empty one (restarted, or a replica promoted), and its own answer is asked for.
 
 use std::time::Duration;
 
@@ -25,6 +29,8 @@ struct Denied {
     /// The cost denied (1 for a peek): a smaller one may fit sooner.
     probe: u64,
     sent: Instant,
+    /// The backend's connection failures when the request was sent.
+    epoch: u64,
     decision: Decision,
 }
 
@@ -50,8 +56,9 @@ impl DenyCache {
     }
 
     /// The cached denial for `cost` on `key` under `rules`, its waits shortened by the time
-    /// since it was decided; `None` when Redis must decide.
-    pub(crate) fn get(&self, key: &str, rules: &RuleSet, cost: u64) -> Option<Decision> {
+    /// since it was decided; `None` when Redis must decide (as it must for a denial cached
+    /// before the latest connection failure, `epoch` being their count now).
+    pub(crate) fn get(&self, key: &str, rules: &RuleSet, cost: u64, epoch: u64) -> Option<Decision> {
         if self.map.is_empty() {
             return None;
         }
@@ -59,7 +66,7 @@ impl DenyCache {
         let now = Instant::now();
         let hit = {
             let entry = self.map.get(id.as_str())?;
-            (now < entry.until && cost.max(1) >= entry.probe).then(|| {
+            (now < entry.until && cost.max(1) >= entry.probe && entry.epoch == epoch).then(|| {
                 let elapsed = now - entry.sent;
                 let outcomes = entry
                     .decision
@@ -76,13 +83,22 @@ impl DenyCache {
             })
         };
         if hit.is_none() {
-            self.map.remove_if(id.as_str(), |_, d| d.until <= now);
+            self.map.remove_if(id.as_str(), |_, d| d.until <= now || d.epoch != epoch);
         }
         hit
     }
 
-    /// Remembers `decision` (made for a request sent at `sent`) if it is a cacheable denial.
-    pub(crate) fn put(&self, key: &str, rules: &RuleSet, cost: u64, sent: Instant, decision: &Decision) {
+    /// Remembers `decision` (made for a request sent at `sent`, when the backend had seen
+    /// `epoch` connection failures) if it is a cacheable denial.
+    pub(crate) fn put(
+        &self,
+        key: &str,
+        rules: &RuleSet,
+        cost: u64,
+        sent: Instant,
+        epoch: u64,
+        decision: &Decision,
+    ) {
         let wait = decision.retry_after();
         if decision.allowed() || rules.has_concurrency() || wait < Duration::from_millis(1) {
             return;
@@ -94,7 +110,8 @@ impl DenyCache {
                 return;
             }
         }
-        let denied = Denied { until: sent + wait, probe: cost.max(1), sent, decision: decision.clone() };
+        let denied =
+            Denied { until: sent + wait, probe: cost.max(1), sent, epoch, decision: decision.clone() };
         self.map.insert(id(key, rules).into(), denied);
     }
 

@@ -27,6 +27,7 @@ mod conn;
 mod deny_cache;
 mod keys;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -150,6 +151,7 @@ impl RedisBackendBuilder {
             prefix: self.prefix.into(),
             timeout: self.timeout,
             clock: self.clock,
+            connection_failures: AtomicU64::new(0),
         });
         let coalescer = (coalesce > 1).then(|| Coalescer::start(Arc::clone(&shared), coalesce));
         Ok(RedisBackend { shared, coalescer, deny_cache })
@@ -173,6 +175,10 @@ pub(crate) struct Shared {
     prefix: Arc<str>,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
+    /// Connection failures seen so far. A connection that failed may come back to a Redis
+    /// that lost its state (restarted empty, or a replica promoted before it had every
+    /// write), so a denial cached before the latest failure is no longer trusted.
+    connection_failures: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -279,9 +285,13 @@ impl Shared {
             Ok(result) => result.map_err(|e| map_error(e, self.timeout)),
             Err(_) => Err(Error::Timeout(self.timeout)),
         };
-        if let Err(Error::Timeout(_) | Error::Unavailable(_)) = &result {
+        if let Err(e @ (Error::Timeout(_) | Error::Unavailable(_))) = &result {
             // Behind Sentinel, the master may have moved (a demoted one answers READONLY).
             self.connections.failed();
+            // A timeout alone says nothing of Redis's state; a lost connection may.
+            if matches!(e, Error::Unavailable(_)) {
+                self.connection_failures.fetch_add(1, Ordering::Relaxed);
+            }
         }
         result
     }
@@ -301,8 +311,10 @@ impl Backend for RedisBackend {
             }
             Operation::Acquire { .. } | Operation::Release { .. } => None,
         };
+        // Read before the call: a failure during it makes what it decides untrusted too.
+        let epoch = self.shared.connection_failures.load(Ordering::Relaxed);
         if let (Some(cache), Some(cost)) = (&self.deny_cache, check)
-            && let Some(denied) = cache.get(key, rules, cost)
+            && let Some(denied) = cache.get(key, rules, cost, epoch)
         {
             return Ok(denied);
         }
@@ -315,7 +327,7 @@ impl Backend for RedisBackend {
             }
         };
         if let (Some(cache), Some(cost)) = (&self.deny_cache, check) {
-            cache.put(key, rules, cost, sent, &decision);
+            cache.put(key, rules, cost, sent, epoch, &decision);
         }
         Ok(decision)
     }

@@ -401,3 +401,26 @@ async fn denials_are_answered_locally_until_they_expire() {
     assert!(backend.acquire("lease", &leases, 1).await.unwrap().decision.allowed());
     assert_eq!(script_calls(&server), before + 3);
 }
+
+#[tokio::test]
+async fn a_denial_cached_before_redis_restarted_empty_is_not_kept() {
+    let mut server = RedisServer::start();
+    let backend =
+        RedisBackend::builder(server.url()).connections(1).timeout(Duration::from_secs(5)).build().unwrap();
+    let rules = RuleSet::new([Rule::fixed_window(1, Period::HOUR)]).unwrap();
+    assert!(backend.check("spent", &rules, 1).await.unwrap().allowed());
+    assert!(!backend.check("spent", &rules, 1).await.unwrap().allowed());
+    let calls = script_calls(&server);
+    assert!(!backend.check("spent", &rules, 1).await.unwrap().allowed());
+    assert_eq!(script_calls(&server), calls, "the denial is cached: an hour without asking Redis");
+
+    server.restart();
+    // The first call on the old connection finds it lost; the next reaches the new Redis.
+    let err = backend.check("other", &rules, 1).await.unwrap_err();
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    assert!(backend.check("other", &rules, 1).await.unwrap().allowed());
+    // That Redis knows nothing of "spent": its answer, not the cached denial, counts.
+    let d = backend.check("spent", &rules, 1).await.unwrap();
+    assert!(d.allowed(), "{d:?}");
+    assert!(!backend.check("spent", &rules, 1).await.unwrap().allowed(), "and it is exact again");
+}

@@ -5,6 +5,8 @@
 //!   how to install it; it is never skipped.
 //! - [`RedisCluster`]: a private Redis Cluster (3 masters, 3 replicas) of six such servers.
 //! - [`RedisSentinel`]: a private master, replica and three sentinels.
+//! - [`FaultProxy`]: a TCP proxy to put between Tollgate and Redis, adding latency, dropping
+//!   or refusing connections, or forwarding nothing, at the test's command.
 //! - [`PostgresServer`]: a private PostgreSQL cluster (initdb in a temporary directory) on a
 //!   free loopback port, with fresh databases on demand; never the shared 5432.
 //! - [`conformance`]: scenarios that every backend must pass identically, run against a backend
@@ -12,11 +14,13 @@
 //!   into tests for one backend.
 
 pub mod conformance;
+mod fault_proxy;
 mod postgres_server;
 mod redis_cluster;
 mod redis_sentinel;
 mod redis_server;
 
+pub use fault_proxy::{Direction, FaultProxy};
 pub use postgres_server::PostgresServer;
 pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::RedisSentinel;

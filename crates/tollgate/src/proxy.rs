@@ -229,8 +229,7 @@ pub(crate) async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         Arc::new(Upstream { client, base: args.upstream.clone(), timeout: args.upstream_timeout, trusted });
 
     let app = Router::new().fallback(forward).with_state(upstream).layer(layer);
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
+    let listener = crate::serve::bind_listener(args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     tracing::info!(address = %listener.local_addr()?, upstream = %args.upstream, backend = backend_name,
         "tollgate proxy is listening");

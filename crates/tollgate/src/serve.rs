@@ -32,6 +32,21 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// Connections the kernel may hold for us before we accept them (it caps this at
+/// `net.core.somaxconn`). Tokio's default, 1024, overflows under a storm of new connections,
+/// and a connection dropped from a full queue waits out SYN-ACK retransmits (1 s, 2 s, 4 s...).
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener on `addr` with a [`LISTEN_BACKLOG`] queue (and `SO_REUSEADDR`, as tokio's own
+/// `bind` sets it).
+pub(crate) fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket =
+        if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// How long in-flight requests (delayed ones included) may take to finish after a signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -139,8 +154,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
 
-    let listener =
-        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = bind_listener(listen).with_context(|| format!("cannot listen on {listen}"))?;
     let policies: Vec<String> = state.config().policies.iter().map(|(n, _)| n.to_owned()).collect();
     tracing::info!(
         address = %listener.local_addr()?, backend = backend_name,
@@ -172,8 +186,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let grpc_listener = tokio::net::TcpListener::bind(args.grpc_listen)
-        .await
+    let grpc_listener = bind_listener(args.grpc_listen)
         .with_context(|| format!("cannot listen on {} (gRPC)", args.grpc_listen))?;
     tracing::info!(address = %grpc_listener.local_addr()?, "Envoy rate-limit service (gRPC) is listening");
     // The standard gRPC health service: SERVING for "" and for the rate-limit service.
