@@ -18,6 +18,6 @@ mod redis_sentinel;
 mod redis_server;
 
 pub use postgres_server::PostgresServer;
-pub use redis_cluster::RedisCluster;
+pub use redis_cluster::{RedisCluster, key_slot};
 pub use redis_sentinel::RedisSentinel;
 pub use redis_server::{OnServer, RedisServer, free_port};
