@@ -69,6 +69,10 @@ pub struct BenchArgs {
     /// Requests in flight at once.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
+    /// Requests per second at most, spread evenly over the workers (a steady load whatever the
+    /// machine's other work); as fast as answers come without it.
+    #[arg(long, value_name = "PER_SECOND")]
+    rate: Option<f64>,
     /// How long to run.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: Duration,
@@ -96,6 +100,8 @@ pub struct Summary {
     /// Seconds in which the whole key space is replaced, with --churn.
     churn_seconds: Option<f64>,
     concurrency: usize,
+    /// The requests per second asked for, with --rate.
+    rate: Option<f64>,
     seconds: f64,
     decisions: u64,
     decisions_per_second: f64,
@@ -255,6 +261,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.keys == 0 || args.concurrency == 0 {
         bail!("--keys and --concurrency must be above 0");
     }
+    if args.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+        bail!("--rate must be a number of requests per second above 0");
+    }
     if args.churn.is_some_and(|c| c.is_zero()) {
         bail!("--churn must be above 0");
     }
@@ -286,12 +295,24 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
     let mut workers = Vec::with_capacity(args.concurrency);
     for worker in 0..args.concurrency {
         let (mut client, counts, keys, churn) = (client.clone(), counts.clone(), args.keys, args.churn);
+        // With --rate, each worker sends one request every `pace`, the workers staggered.
+        let pace = args.rate.map(|rate| Duration::from_secs_f64(args.concurrency as f64 / rate));
+        let mut next =
+            start + pace.map_or(Duration::ZERO, |p| p.mul_f64(worker as f64 / args.concurrency as f64));
         workers.push(tokio::spawn(async move {
             let mut histogram = histogram();
             // xorshift64*: a cheap, well-spread key choice per worker.
             let mut state =
                 0x9E37_79B9_7F4A_7C15u64 ^ (worker as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407);
             while Instant::now() < deadline {
+                if let Some(pace) = pace {
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(next)).await;
+                    if Instant::now() >= deadline {
+                        break;
+                    }
+                    // Behind (answers came slowly): go on from now rather than catch up in a burst.
+                    next = (next + pace).max(Instant::now());
+                }
                 state ^= state >> 12;
                 state ^= state << 25;
                 state ^= state >> 27;
@@ -352,6 +373,7 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
         keys: args.keys,
         churn_seconds: args.churn.map(|c| c.as_secs_f64()),
         concurrency: args.concurrency,
+        rate: args.rate,
         seconds,
         decisions,
         decisions_per_second: decisions as f64 / seconds,

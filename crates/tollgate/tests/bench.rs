@@ -100,3 +100,15 @@ rules = [{ name = "day", algorithm = "sliding_window_log", limit = 10, period = 
     assert!(spent.iter().filter(|&&s| s > 0).count() > 3, "{spent:?}");
     assert_eq!(spent[8..], [0, 0, 0, 0], "{spent:?}");
 }
+
+#[tokio::test]
+async fn rate_paces_the_load() {
+    let server = Tollgate::start("", &[]).await;
+    // 8 workers, 100 a second between them: one every 80 ms each, for a second.
+    let summary = bench(&["--target", &server.base, "--period", "1y", "--rate", "100"]);
+    assert_eq!(summary["errors"].as_u64(), Some(0), "{summary}");
+    assert_eq!(summary["rate"].as_f64(), Some(100.0), "{summary}");
+    let decisions = summary["decisions"].as_u64().unwrap();
+    // At most the schedule's 13 per worker; unpaced, thousands.
+    assert!((50..=104).contains(&decisions), "{decisions} decisions: {summary}");
+}
