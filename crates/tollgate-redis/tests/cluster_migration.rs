@@ -123,7 +123,7 @@ async fn a_slot_moved_to_a_new_master_under_load_counts_every_check_once() {
         error_replies(&cluster, from, "MOVED"),
     );
     let noscript = error_replies(&cluster, to, "NOSCRIPT");
-    let errors = errors.lock().unwrap();
+    let errors = std::mem::take(&mut *errors.lock().unwrap());
     println!(
         "slot {slot} moved from node {from} (port {}) to new node {to} (port {}) in {moved_in:?}: {total} checks admitted \
          ({during} during the move), {} denied, {} errors; the old owner answered {ask} ASK, \

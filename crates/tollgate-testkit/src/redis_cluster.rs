@@ -268,6 +268,6 @@ mod tests {
         assert_eq!(key_slot(b"user1000"), 3443);
         assert_eq!(key_slot(b"foo{}{bar}"), 8363, "an empty tag: the whole key");
         assert_eq!(key_slot(b"tollgate:{mig-1}:h"), 6704);
-        assert_eq!(key_slot(b"foo{{bar}}zap"), 4015, "the tag is \"{bar\"");
+        assert_eq!(key_slot(b"foo{{bar}}zap"), 4015, "the tag is \"{{bar\"");
     }
 }
