@@ -1,9 +1,11 @@
-//! Slot migration under load (issue 9): a master joins the Redis Cluster of the tests' own and a
-//! slot moves onto it, one Redis key at a time with pauses, while tasks keep checking keys of
-//! that slot. The client follows `ASK` (a key already moved), `TRYAGAIN` (a check whose two
-//! keys are split between the nodes for a moment) and `MOVED` (once the slot changed hands),
-//! and runs the script on a node that has never seen it. Every key admits exactly its limit
-//! across the move: nothing is lost or counted twice, and no call fails.
+//! Slot migration under load (issue 9), on a Redis Cluster of the tests' own: a slot moves to
+//! another master in steps with pauses (onto a master that just joined, one Redis key per
+//! `MIGRATE`; between two masters, ten per `MIGRATE` as `redis-cli --cluster reshard` does)
+//! while tasks keep checking keys of that slot. The client follows `ASK` (a key already moved),
+//! `TRYAGAIN` (a check whose two keys are split between the nodes for a moment) and `MOVED`
+//! (once the slot changed hands), and runs the script on a node that has never seen it. Every
+//! key admits exactly its limit across the move: nothing is lost or counted twice, and no call
+//! fails.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,8 +16,6 @@ use tollgate_core::{Backend, Period, Rule, RuleSet};
 use tollgate_redis::RedisBackend;
 use tollgate_testkit::{RedisCluster, key_slot};
 
-/// User keys whose Redis keys all hash to one slot.
-const KEYS: usize = 6;
 /// Per key and per rule; more than the load reaches, so every check until the end is counted.
 const LIMIT: u64 = 10_000;
 
@@ -36,10 +36,21 @@ fn error_replies(cluster: &RedisCluster, node: usize, kind: &str) -> u64 {
     info.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0, |n| n.trim().parse().unwrap())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_slot_moved_to_a_new_master_under_load_counts_every_check_once() {
+/// Where the slot goes.
+enum Target {
+    /// A master that joins first, with no slot and no script loaded: scaling out.
+    NewMaster,
+    /// Another of the three masters.
+    OtherMaster,
+}
+
+/// Moves the slot of `key_count` user keys to `target`, `per_migrate` Redis keys per `MIGRATE`
+/// 40 ms apart, under load from 16 tasks; checks that nothing failed and every check counted
+/// once. Answers the cluster, the backend, the rules, the keys, what each admitted, the slot
+/// and the node it moved to.
+async fn migrate_under_load(key_count: usize, target: Target, per_migrate: usize) -> Moved {
     let mut cluster = RedisCluster::start();
-    let (slot, keys) = keys_of_one_slot(KEYS);
+    let (slot, keys) = keys_of_one_slot(key_count);
     let first_key = format!("tollgate:{{{}}}:h", keys[0]);
     assert_eq!(cluster.nodes()[0].command::<i64>(&["CLUSTER", "KEYSLOT", &first_key]), i64::from(slot));
     let backend = Arc::new(
@@ -57,15 +68,17 @@ async fn a_slot_moved_to_a_new_master_under_load_counts_every_check_once() {
         Rule::sliding_window_log(LIMIT, Period::HOUR),
     ])
     .unwrap();
-    let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..key_count).map(|_| AtomicU64::new(0)).collect());
     for (n, key) in keys.iter().enumerate() {
         assert!(backend.check(key, &rules, 1).await.unwrap().allowed());
         admitted[n].fetch_add(1, Ordering::Relaxed);
     }
     let from = cluster.owner(slot);
-    // A new master, with no slot and no script loaded: scaling out.
-    let to = cluster.add_master();
-    assert_eq!(cluster.keys_in_slot(from, slot).len(), 2 * KEYS, "two Redis keys per user key");
+    let to = match target {
+        Target::NewMaster => cluster.add_master(),
+        Target::OtherMaster => cluster.masters().into_iter().find(|&m| m != from).unwrap(),
+    };
+    assert_eq!(cluster.keys_in_slot(from, slot).len(), 2 * key_count, "two Redis keys per user key");
 
     let running = Arc::new(AtomicBool::new(true));
     let denied = Arc::new(AtomicU64::new(0));
@@ -78,7 +91,7 @@ async fn a_slot_moved_to_a_new_master_under_load_counts_every_check_once() {
         load.push(tokio::spawn(async move {
             let mut i = task;
             while running.load(Ordering::Relaxed) {
-                let n = i % KEYS;
+                let n = i % keys.len();
                 match backend.check(&keys[n], &rules, 1).await {
                     Ok(d) if d.allowed() => admitted[n].fetch_add(1, Ordering::Relaxed),
                     Ok(_) => denied.fetch_add(1, Ordering::Relaxed),
@@ -95,12 +108,12 @@ async fn a_slot_moved_to_a_new_master_under_load_counts_every_check_once() {
     let decided = |admitted: &[AtomicU64]| admitted.iter().map(|a| a.load(Ordering::Relaxed)).sum::<u64>();
     let before = decided(&admitted);
 
-    // One Redis key per MIGRATE, 40 ms apart: for most of the move some keys are on each node,
-    // and each user key spends 40 ms with its hash on one and its sorted set on the other.
+    // For most of the move some keys are on each node, and a user key whose hash and sorted set
+    // went in different batches has them on different nodes for 40 ms.
     let started = Instant::now();
     let cluster = tokio::task::spawn_blocking(move || {
         cluster.begin_migration(slot, from, to);
-        while !cluster.migrate_keys(slot, from, to, 1).is_empty() {
+        while !cluster.migrate_keys(slot, from, to, per_migrate).is_empty() {
             std::thread::sleep(Duration::from_millis(40));
         }
         cluster.finish_migration(slot, from, to);
@@ -125,17 +138,16 @@ async fn a_slot_moved_to_a_new_master_under_load_counts_every_check_once() {
     let noscript = error_replies(&cluster, to, "NOSCRIPT");
     let errors = std::mem::take(&mut *errors.lock().unwrap());
     println!(
-        "slot {slot} moved from node {from} (port {}) to new node {to} (port {}) in {moved_in:?}: {total} checks admitted \
-         ({during} during the move), {} denied, {} errors; the old owner answered {ask} ASK, \
-         {tryagain} TRYAGAIN (both nodes), {moved} MOVED; the new one {noscript} NOSCRIPT",
-        cluster.nodes()[from].port(),
-        cluster.nodes()[to].port(),
+        "slot {slot} ({key_count} keys, {per_migrate} Redis keys per MIGRATE) moved from node {from} \
+         to node {to} in {moved_in:?}: {total} checks admitted ({during} during the move), {} denied, \
+         {} errors; the old owner answered {ask} ASK, {moved} MOVED, the two {tryagain} TRYAGAIN, \
+         the new owner {noscript} NOSCRIPT",
         denied.load(Ordering::Relaxed),
         errors.len(),
     );
     // The kinds of error, with how often each came.
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
-    for e in errors.iter() {
+    for e in &errors {
         *kinds.entry(e.split_once(": ").map_or(e.clone(), |(_, e)| e.to_owned())).or_default() += 1;
     }
     assert!(errors.is_empty(), "{} checks failed: {kinds:#?}", errors.len());
@@ -145,18 +157,51 @@ async fn a_slot_moved_to_a_new_master_under_load_counts_every_check_once() {
     assert!(ask > 0, "no ASK redirection: the load did not reach keys already moved");
     assert!(moved > 0, "no MOVED redirection after the slot changed hands");
 
-    // The keys live on the new master, and only there.
+    // The keys live on the new owner, and only there.
     assert_eq!(cluster.owner(slot), to);
     assert_eq!(cluster.keys_in_slot(from, slot), Vec::<String>::new());
-    assert_eq!(cluster.keys_in_slot(to, slot).len(), 2 * KEYS);
+    assert_eq!(cluster.keys_in_slot(to, slot).len(), 2 * key_count);
+    let admitted = admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    Moved { cluster, backend, rules, keys, admitted, slot, from, to }
+}
 
-    // Exactly the admitted checks were counted, by both rules: what is left is the limit less
-    // them, all of it can still be taken, and then nothing more.
-    for (n, key) in keys.iter().enumerate() {
-        let admitted = admitted[n].load(Ordering::Relaxed);
-        let peek = backend.check(key, &rules, 0).await.unwrap();
-        assert_eq!(peek.remaining(), LIMIT - admitted, "{key}: {admitted} admitted");
-        assert!(backend.check(key, &rules, LIMIT - admitted).await.unwrap().allowed(), "{key}");
-        assert!(!backend.check(key, &rules, 1).await.unwrap().allowed(), "{key}");
+/// What [`migrate_under_load`] leaves.
+struct Moved {
+    cluster: RedisCluster,
+    backend: Arc<RedisBackend>,
+    rules: RuleSet,
+    keys: Vec<String>,
+    admitted: Vec<u64>,
+    slot: u16,
+    from: usize,
+    to: usize,
+}
+
+impl Moved {
+    /// Exactly the admitted checks were counted, by both rules: what is left is the limit less
+    /// them, all of it can still be taken, and then nothing more.
+    async fn assert_exact(&self) {
+        for (key, admitted) in self.keys.iter().zip(&self.admitted) {
+            let peek = self.backend.check(key, &self.rules, 0).await.unwrap();
+            assert_eq!(peek.remaining(), LIMIT - admitted, "{key}: {admitted} admitted");
+            assert!(self.backend.check(key, &self.rules, LIMIT - admitted).await.unwrap().allowed(), "{key}");
+            assert!(!self.backend.check(key, &self.rules, 1).await.unwrap().allowed(), "{key}");
+        }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_moved_to_a_new_master_under_load_counts_every_check_once() {
+    migrate_under_load(6, Target::NewMaster, 1).await.assert_exact().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_resharded_between_masters_under_load_counts_every_check_once() {
+    let moved = migrate_under_load(30, Target::OtherMaster, 10).await;
+    // And back in one go, as `redis-cli --cluster reshard` would (no load): still exact.
+    let (cluster, slot, from, to) = (&moved.cluster, moved.slot, moved.from, moved.to);
+    tokio::task::block_in_place(|| cluster.migrate_slot(slot, to, from));
+    assert_eq!(cluster.owner(slot), from);
+    assert_eq!(cluster.keys_in_slot(from, slot).len(), 2 * moved.keys.len());
+    moved.assert_exact().await;
 }
