@@ -6,10 +6,11 @@
 
 pub mod config;
 pub mod json;
+mod server;
 mod service;
 
 pub use config::{Domain, EnvoyConfigError};
-pub use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+pub use server::EnvoyServer;
 pub use service::{
     EnvoyService, HASHED_KEY_PREFIX, KEY_PREFIX, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT_BYTES,
     names as metrics,

@@ -4,14 +4,16 @@
 //! A Redis Cluster URL lists seed nodes after the scheme, comma-separated:
 //! `redis+cluster://[user:password@]host1:port1,host2:port2` (`rediss+cluster://` for TLS).
 //! The cluster client of the `redis` crate finds the rest of the cluster, follows `MOVED` and
-//! `ASK` redirections and re-reads the slot map after a fail-over. Every key of one check shares
-//! a hash tag, so each script call lives in one slot and runs unchanged.
+//! `ASK` redirections and re-reads the slot map after a fail-over; an `ASK` it fails to follow
+//! is followed here ([`Connections::script`]). Every key of one check shares a hash tag, so each
+//! script call lives in one slot and runs unchanged.
 //!
 //! A Sentinel URL lists the sentinels and names the service:
 //! `redis+sentinel://[user:password@]host1:port1,host2:port2/service` (the credentials are the
 //! Redis master's). The master is asked of the sentinels on first use and again after any
 //! failed call, so a fail-over is followed within a call or two.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -20,7 +22,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture, Value};
+use redis::{Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 use tokio::sync::OnceCell;
 
 /// Where operations go.
@@ -47,7 +49,18 @@ pub(crate) struct Cluster {
     client: ClusterClient,
     connection: OnceCell<ClusterConnection>,
     calls_in_flight: usize,
+    /// `redis://` or `rediss://`, with the URL's credentials: a node's URL less its address.
+    node_url_prefix: String,
+    config: ConnectionManagerConfig,
+    /// Connections of our own to the nodes `ASK` redirections pointed at, by address.
+    ask_targets: Mutex<HashMap<String, ConnectionManager>>,
 }
+
+/// Most attempts of one script call (see [`Connections::script`]), besides its timeout.
+const SCRIPT_ATTEMPTS: usize = 8;
+
+/// Most `ASK` targets kept connected; nodes come and go, so past this they are all dropped.
+const ASK_TARGETS: usize = 16;
 
 /// One connection, of either kind.
 #[derive(Clone)]
@@ -98,6 +111,12 @@ pub(crate) fn sentinel_parts(url: &str) -> Option<Result<SentinelParts, String>>
 /// The seed nodes of a `redis+cluster://` or `rediss+cluster://` URL as `redis://` /
 /// `rediss://` URLs, or `None` for any other URL.
 pub(crate) fn cluster_nodes(url: &str) -> Option<Vec<String>> {
+    let (prefix, hosts) = cluster_parts(url)?;
+    Some(hosts.split(',').filter(|h| !h.is_empty()).map(|h| format!("{prefix}{h}")).collect())
+}
+
+/// A cluster URL's node URL prefix (scheme and credentials) and its comma-separated hosts.
+fn cluster_parts(url: &str) -> Option<(String, &str)> {
     let (scheme, rest) = if let Some(rest) = url.strip_prefix("redis+cluster://") {
         ("redis", rest)
     } else {
@@ -108,8 +127,7 @@ pub(crate) fn cluster_nodes(url: &str) -> Option<Vec<String>> {
         Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
         None => (String::new(), rest),
     };
-    let hosts = hosts.trim_end_matches('/');
-    Some(hosts.split(',').filter(|h| !h.is_empty()).map(|h| format!("{scheme}://{credentials}{h}")).collect())
+    Some((format!("{scheme}://{credentials}"), hosts.trim_end_matches('/')))
 }
 
 impl Connections {
@@ -119,23 +137,29 @@ impl Connections {
         // Connecting (a TLS handshake, on a loaded machine) may take longer than a call is
         // allowed to; calls still give up after `timeout`, and the connection goes on.
         let connect_timeout = timeout.max(Duration::from_secs(1));
-        if let Some(nodes) = cluster_nodes(url) {
-            let client = ClusterClient::builder(nodes)
-                .connection_timeout(connect_timeout)
-                .response_timeout(timeout)
-                // A redirection or a fail-over is retried within the call's own timeout.
-                .retries(3)
-                .min_retry_wait(10)
-                .max_retry_wait(timeout.as_millis().try_into().unwrap_or(u64::MAX))
-                .build()?;
-            let cluster = Cluster { client, connection: OnceCell::new(), calls_in_flight: connections };
-            return Ok(Connections::Cluster(Box::new(cluster)));
-        }
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(1)
             .set_max_delay(timeout);
+        if let (Some(nodes), Some((node_url_prefix, _))) = (cluster_nodes(url), cluster_parts(url)) {
+            let client = ClusterClient::builder(nodes)
+                .connection_timeout(connect_timeout)
+                .response_timeout(timeout)
+                // Script calls follow redirections in `Connections::script`, not here (see
+                // there why); a fail-over is retried there too, within the call's timeout.
+                .retries(0)
+                .build()?;
+            let cluster = Cluster {
+                client,
+                connection: OnceCell::new(),
+                calls_in_flight: connections,
+                node_url_prefix,
+                config,
+                ask_targets: Mutex::default(),
+            };
+            return Ok(Connections::Cluster(Box::new(cluster)));
+        }
         if let Some(parts) = sentinel_parts(url) {
             let (addresses, service, credentials) = parts.map_err(|e| {
                 RedisError::from((redis::ErrorKind::InvalidClientConfig, "invalid Sentinel URL", e))
@@ -193,6 +217,65 @@ impl Connections {
         }
     }
 
+    /// Runs a script call: `evalsha`, or `eval()` (the script's body) on a node that has not
+    /// got the script.
+    ///
+    /// On a cluster, redirections are followed here rather than by the cluster client, which
+    /// follows `ASK` by sending `ASKING` and then the command as two requests on a connection
+    /// that other calls share (redis-rs 1.8): another call's command can come between them and
+    /// spend the node's one-time `ASKING` flag, the command then gets `MOVED` back to the old
+    /// owner, which answers `ASK` again, and so on until the retries run out; under load the
+    /// `MOVED` storm also stalled the client's slot map refreshes for seconds. Here `ASK` is
+    /// followed on a connection of our own to the target, with `ASKING` and the command
+    /// written together as one pipeline; `MOVED` and `READONLY` (the client re-reads the slot
+    /// map on either) are tried again at once; `TRYAGAIN` (a check's keys split between two
+    /// nodes for a moment while a slot migrates), `CLUSTERDOWN`, `MASTERDOWN`, `LOADING` and a
+    /// refused connection (a fail-over) after a short wait. All of it within the caller's
+    /// timeout, and never after an error that leaves unknown whether the script ran.
+    pub(crate) async fn script(&self, evalsha: Cmd, eval: impl Fn() -> Cmd) -> Result<Value, RedisError> {
+        let (mut cmd, mut evaled, mut ask) = (evalsha, false, None::<String>);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result = match (self, &ask) {
+                (Connections::Cluster(cluster), Some(target)) => cluster.asking(target, &cmd).await,
+                _ => cmd.query_async::<Value>(&mut self.next().await?).await,
+            };
+            let error = match result {
+                Ok(value) => return Ok(value),
+                Err(error) if attempt >= SCRIPT_ATTEMPTS => return Err(error),
+                Err(error) => error,
+            };
+            // Waits 20, 40, 80, then 100 ms.
+            let pause = Duration::from_millis((10u64 << attempt.min(4)).min(100));
+            match error.kind() {
+                // The node that would run it has not got the script: `EVAL` goes where the
+                // call goes and leaves the script there for the next `EVALSHA`. (`SCRIPT LOAD`,
+                // which the redis crate's `Script` sends, reaches only the masters a cluster
+                // client knows of: not a master that joined and is being handed a slot.)
+                ErrorKind::Server(ServerErrorKind::NoScript) if !evaled => (cmd, evaled) = (eval(), true),
+                _ if !self.is_cluster() => return Err(error),
+                ErrorKind::Server(ServerErrorKind::Ask) => match error.redirect_node() {
+                    Some((target, _)) => ask = Some(target.to_owned()),
+                    None => return Err(error),
+                },
+                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::ReadOnly) => ask = None,
+                ErrorKind::Server(ServerErrorKind::TryAgain) => tokio::time::sleep(pause).await,
+                ErrorKind::Server(
+                    ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown | ServerErrorKind::BusyLoading,
+                ) => {
+                    ask = None;
+                    tokio::time::sleep(pause).await;
+                }
+                _ if error.is_connection_refusal() => {
+                    ask = None;
+                    tokio::time::sleep(pause).await;
+                }
+                _ => return Err(error),
+            }
+        }
+    }
+
     /// Tells the connections a call on them failed: a Sentinel set-up asks for the master again.
     pub(crate) fn failed(&self) {
         if let Connections::Sentinel(sentinel) = self {
@@ -211,6 +294,34 @@ impl Connections {
             }
             Connections::Cluster(_) | Connections::Sentinel(_) => Ok(vec![self.next().await?]),
         }
+    }
+}
+
+impl Cluster {
+    /// `ASKING` and `cmd` on the node at `target` (`host:port`), written together.
+    async fn asking(&self, target: &str, cmd: &Cmd) -> Result<Value, RedisError> {
+        let mut conn = {
+            let mut targets = self.ask_targets.lock().unwrap_or_else(|e| e.into_inner());
+            match targets.get(target) {
+                Some(conn) => conn.clone(),
+                None => {
+                    if targets.len() >= ASK_TARGETS {
+                        targets.clear();
+                    }
+                    let client = redis::Client::open(format!("{}{target}", self.node_url_prefix))?;
+                    let conn = ConnectionManager::new_lazy_with_config(client, self.config.clone())?;
+                    targets.entry(target.to_owned()).or_insert(conn).clone()
+                }
+            }
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("ASKING").add_command(cmd.clone());
+        // The command's reply only (ASKING's is skipped).
+        let mut replies = conn.req_packed_commands(&pipe, 1, 1).await?;
+        let reply = replies.pop().ok_or_else(|| {
+            RedisError::from((ErrorKind::UnexpectedReturnType, "no reply to a command after ASKING"))
+        })?;
+        reply.extract_error()
     }
 }
 

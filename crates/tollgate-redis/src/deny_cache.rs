@@ -12,7 +12,13 @@
 //! Each entry is tied to the backend's count of connection failures when its request was
 //! sent, and holds only while that count stays the same: after a lost connection, Redis may
 //! be a new, empty one (restarted, or a replica promoted), and its own answer is asked for.
+//!
+//! An expired entry goes when its key is asked about again, and at most a second after it
+//! expired otherwise: with keys that come and go (users, IPs), most are never asked about
+//! again, and the cache would fill to [`CAPACITY`] with dead entries (the soak, docs/soak.md,
+//! saw the server's memory climb by 20 MiB in six minutes that way).
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -22,6 +28,9 @@ use tollgate_core::{Decision, RuleSet};
 /// Entries held at most; when full, expired ones are dropped, and new denials are not cached
 /// until there is room.
 pub(crate) const CAPACITY: usize = 100_000;
+
+/// How often a `put` drops every expired entry.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 struct Denied {
     /// When the same cost is admitted again.
@@ -36,6 +45,8 @@ struct Denied {
 
 pub(crate) struct DenyCache {
     map: DashMap<Box<str>, Denied>,
+    /// When expired entries were last dropped.
+    swept: Mutex<Instant>,
 }
 
 /// The cache key: the caller's key and the rule set's signatures (a changed rule set is
@@ -52,7 +63,7 @@ fn id(key: &str, rules: &RuleSet) -> String {
 
 impl DenyCache {
     pub(crate) fn new() -> Self {
-        DenyCache { map: DashMap::new() }
+        DenyCache { map: DashMap::new(), swept: Mutex::new(Instant::now()) }
     }
 
     /// The cached denial for `cost` on `key` under `rules`, its waits shortened by the time
@@ -103,12 +114,20 @@ impl DenyCache {
         if decision.allowed() || rules.has_concurrency() || wait < Duration::from_millis(1) {
             return;
         }
-        if self.map.len() >= CAPACITY {
-            let now = Instant::now();
-            self.map.retain(|_, d| d.until > now);
-            if self.map.len() >= CAPACITY {
-                return;
+        let now = Instant::now();
+        // One caller sweeps at a time; the others go on.
+        let sweep = self.swept.try_lock().is_ok_and(|mut swept| {
+            let due = now.duration_since(*swept) >= SWEEP_EVERY || self.map.len() >= CAPACITY;
+            if due {
+                *swept = now;
             }
+            due
+        });
+        if sweep {
+            self.map.retain(|_, d| d.until > now);
+        }
+        if self.map.len() >= CAPACITY {
+            return;
         }
         let denied =
             Denied { until: sent + wait, probe: cost.max(1), sent, epoch, decision: decision.clone() };
@@ -120,5 +139,41 @@ impl DenyCache {
         if !self.map.is_empty() {
             self.map.remove(id(key, rules).as_str());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_core::{Period, Rule};
+
+    use super::*;
+
+    fn denied(retry_after: Duration) -> Decision {
+        let rules = RuleSet::new([Rule::fixed_window(1, Period::SECOND)]).unwrap();
+        let mut outcome = Decision::admitted_unchecked(&rules).binding().clone();
+        (outcome.allowed, outcome.remaining) = (false, 0);
+        (outcome.retry_after, outcome.reset_after) = (retry_after, retry_after);
+        Decision::from_outcomes(vec![outcome])
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_denials_of_keys_never_asked_again_are_dropped() {
+        let cache = DenyCache::new();
+        let rules = RuleSet::new([Rule::fixed_window(1, Period::SECOND)]).unwrap();
+        for n in 0..1000 {
+            cache.put(&format!("gone-{n}"), &rules, 1, Instant::now(), &denied(Duration::from_millis(500)));
+        }
+        cache.put("long", &rules, 1, Instant::now(), &denied(Duration::from_secs(60)));
+        assert_eq!(cache.map.len(), 1001);
+        // Within the second, no sweep: the expired entries are still there.
+        tokio::time::advance(Duration::from_millis(600)).await;
+        cache.put("other", &rules, 1, Instant::now(), &denied(Duration::from_secs(60)));
+        assert_eq!(cache.map.len(), 1002);
+        // A second after the last sweep, the next denial sweeps: only the live ones stay.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        cache.put("third", &rules, 1, Instant::now(), &denied(Duration::from_secs(60)));
+        assert_eq!(cache.map.len(), 3);
+        assert!(cache.get("long", &rules, 1).is_some_and(|d| !d.allowed()));
+        assert!(cache.get("gone-1", &rules, 1).is_none());
     }
 }

@@ -1,7 +1,8 @@
 //! Tollgate's Redis backend: rule states in Redis, decided by the algorithms' Lua twins.
 //!
-//! One operation is one script call (`EVALSHA`, reloaded transparently after a restart or
-//! `SCRIPT FLUSH`), whatever the number of rules, so a multi-rule check is atomic. The script
+//! One operation is one script call (`EVALSHA`; `EVAL` with the script's body when the node that
+//! runs it has not got it: after a restart or `SCRIPT FLUSH`, or on a master that joined a
+//! cluster), whatever the number of rules, so a multi-rule check is atomic. The script
 //! takes `now` from Redis's `TIME`, so instances with skewed clocks agree; every key it writes
 //! gets a TTL in the same step; all keys of one check share a hash tag, so it runs unchanged on
 //! Redis Cluster. The Lua itself lives in `tollgate-core`, beside each algorithm's Rust form;
@@ -261,20 +262,23 @@ impl Shared {
         let script_parts: Vec<ScriptPart<'_>> = parts.iter().map(|(_, p)| *p).collect();
         let variant = Variant::of_parts(&script_parts);
         let script = self.scripts[variant.index()].get_or_init(|| Script::new(variant.source()));
-        let mut invocation = script.prepare_invoke();
-        for (key, part) in parts {
-            for state_key in self.state_keys(key, part.rules) {
-                invocation.key(state_key);
+        let keys: Vec<String> =
+            parts.iter().flat_map(|(key, part)| self.state_keys(key, part.rules)).collect();
+        let args = lua::arguments(&script_parts, now);
+        let call = |verb: &str, script: &str| {
+            let mut cmd = redis::cmd(verb);
+            cmd.arg(script).arg(keys.len()).arg(&keys);
+            for arg in &args {
+                match arg {
+                    Arg::Int(n) => cmd.arg(n),
+                    Arg::Text(s) => cmd.arg(s),
+                };
             }
-        }
-        for arg in lua::arguments(&script_parts, now) {
-            match arg {
-                Arg::Int(n) => invocation.arg(n),
-                Arg::Text(s) => invocation.arg(s),
-            };
-        }
-        let mut conn = self.connection().await?;
-        let reply: Vec<i64> = self.bounded(async move { invocation.invoke_async(&mut conn).await }).await?;
+            cmd
+        };
+        let (evalsha, eval) = (call("EVALSHA", script.get_hash()), || call("EVAL", variant.source()));
+        let reply = self.bounded(self.connections.script(evalsha, eval)).await?;
+        let reply: Vec<i64> = redis::from_redis_value(reply).map_err(|e| Error::Backend(Box::new(e)))?;
         let (_, decisions) = lua::decode(&script_parts, &reply).map_err(|e| Error::Backend(Box::new(e)))?;
         Ok(decisions)
     }

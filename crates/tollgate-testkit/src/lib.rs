@@ -22,6 +22,6 @@ mod redis_server;
 
 pub use fault_proxy::{Direction, FaultProxy};
 pub use postgres_server::PostgresServer;
-pub use redis_cluster::RedisCluster;
+pub use redis_cluster::{RedisCluster, key_slot};
 pub use redis_sentinel::RedisSentinel;
 pub use redis_server::{OnServer, RedisServer, free_port};

@@ -58,9 +58,21 @@ pub struct BenchArgs {
     /// Size of the key space; each request picks a key at random.
     #[arg(long, default_value_t = 10_000)]
     keys: u64,
+    /// Key churn: the key space slides steadily so that it is entirely new keys every DURATION
+    /// (old keys go idle and expire), as users come and go. Off by default.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    churn: Option<Duration>,
+    /// http target: check under this policy of the server's configuration instead of sending
+    /// the rules (--algorithm, --limit, --period) with each request.
+    #[arg(long, value_name = "NAME")]
+    policy: Option<String>,
     /// Requests in flight at once.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
+    /// Requests per second at most, spread evenly over the workers (a steady load whatever the
+    /// machine's other work); as fast as answers come without it.
+    #[arg(long, value_name = "PER_SECOND")]
+    rate: Option<f64>,
     /// How long to run.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: Duration,
@@ -85,7 +97,11 @@ pub struct Summary {
     target: String,
     algorithm: BenchAlgorithm,
     keys: u64,
+    /// Seconds in which the whole key space is replaced, with --churn.
+    churn_seconds: Option<f64>,
     concurrency: usize,
+    /// The requests per second asked for, with --rate.
+    rate: Option<f64>,
     seconds: f64,
     decisions: u64,
     decisions_per_second: f64,
@@ -111,7 +127,8 @@ struct Latency {
 #[derive(Clone)]
 enum Client {
     Redis(Arc<RedisBackend>, RuleSet),
-    Http(reqwest::Client, String, serde_json::Value),
+    /// The URL, and what each request names its rules by: `limits` (inline) or `policy`.
+    Http(reqwest::Client, String, (&'static str, serde_json::Value)),
     Grpc(RateLimitServiceClient<tonic::transport::Channel>, RateLimitOverride),
 }
 
@@ -120,8 +137,8 @@ impl Client {
     async fn decide(&mut self, key: &str) -> anyhow::Result<bool> {
         match self {
             Client::Redis(backend, rules) => Ok(backend.check(key, rules, 1).await?.allowed()),
-            Client::Http(http, url, limits) => {
-                let body = serde_json::json!({ "key": key, "limits": limits });
+            Client::Http(http, url, (field, rules)) => {
+                let body = serde_json::json!({ "key": key, *field: rules });
                 let response = http.post(url.as_str()).json(&body).send().await?;
                 match response.status().as_u16() {
                     200 => Ok(true),
@@ -194,9 +211,12 @@ async fn client(args: &BenchArgs) -> anyhow::Result<Client> {
         backend.ping().await.context("Redis does not answer")?;
         Ok(Client::Redis(Arc::new(backend), rules))
     } else if let Some(rest) = target.strip_prefix("http://") {
-        let limits = serde_json::to_value(rules.rules().collect::<Vec<_>>())?;
+        let rules = match &args.policy {
+            Some(policy) => ("policy", serde_json::Value::from(policy.as_str())),
+            None => ("limits", serde_json::to_value(rules.rules().collect::<Vec<_>>())?),
+        };
         let url = format!("http://{}/v1/check", rest.trim_end_matches('/'));
-        Ok(Client::Http(reqwest::Client::new(), url, limits))
+        Ok(Client::Http(reqwest::Client::new(), url, rules))
     } else if let Some(rest) = target.strip_prefix("grpc://") {
         let unit = match args.period.as_micros() {
             1_000_000 => Unit::Second,
@@ -241,6 +261,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.keys == 0 || args.concurrency == 0 {
         bail!("--keys and --concurrency must be above 0");
     }
+    if args.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+        bail!("--rate must be a number of requests per second above 0");
+    }
+    if args.churn.is_some_and(|c| c.is_zero()) {
+        bail!("--churn must be above 0");
+    }
+    if args.policy.is_some() && !args.target.starts_with("http://") {
+        bail!("--policy names a policy of a server's configuration: it needs an http:// target");
+    }
     let summary = measure(&args).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -265,18 +294,34 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
     let deadline = start + args.duration;
     let mut workers = Vec::with_capacity(args.concurrency);
     for worker in 0..args.concurrency {
-        let (mut client, counts, keys) = (client.clone(), counts.clone(), args.keys);
+        let (mut client, counts, keys, churn) = (client.clone(), counts.clone(), args.keys, args.churn);
+        // With --rate, each worker sends one request every `pace`, the workers staggered.
+        let pace = args.rate.map(|rate| Duration::from_secs_f64(args.concurrency as f64 / rate));
+        let mut next =
+            start + pace.map_or(Duration::ZERO, |p| p.mul_f64(worker as f64 / args.concurrency as f64));
         workers.push(tokio::spawn(async move {
             let mut histogram = histogram();
             // xorshift64*: a cheap, well-spread key choice per worker.
             let mut state =
                 0x9E37_79B9_7F4A_7C15u64 ^ (worker as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407);
             while Instant::now() < deadline {
+                if let Some(pace) = pace {
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(next)).await;
+                    if Instant::now() >= deadline {
+                        break;
+                    }
+                    // Behind (answers came slowly): go on from now rather than catch up in a burst.
+                    next = (next + pace).max(Instant::now());
+                }
                 state ^= state >> 12;
                 state ^= state << 25;
                 state ^= state >> 27;
-                let key = format!("k{}", state.wrapping_mul(0x2545_F491_4F6C_DD1D) % keys);
                 let sent = Instant::now();
+                // With churn, the window of keys slides by `keys` every `churn`.
+                let offset = churn.map_or(0, |churn| {
+                    (sent.duration_since(start).as_secs_f64() / churn.as_secs_f64() * keys as f64) as u64
+                });
+                let key = format!("k{}", offset + state.wrapping_mul(0x2545_F491_4F6C_DD1D) % keys);
                 let counter = match client.decide(&key).await {
                     Ok(true) => &counts.allowed,
                     Ok(false) => &counts.denied,
@@ -326,7 +371,9 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Summary> {
         target: args.target.clone(),
         algorithm: args.algorithm,
         keys: args.keys,
+        churn_seconds: args.churn.map(|c| c.as_secs_f64()),
         concurrency: args.concurrency,
+        rate: args.rate,
         seconds,
         decisions,
         decisions_per_second: decisions as f64 / seconds,
@@ -349,6 +396,9 @@ fn print_table(s: &Summary) {
     row("target", s.target.clone());
     row("algorithm", format!("{:?}", s.algorithm));
     row("keys / concurrency", format!("{} / {}", s.keys, s.concurrency));
+    if let Some(churn) = s.churn_seconds {
+        row("key churn", format!("a new key space every {churn:.0} s"));
+    }
     row("decisions/s", format!("{:.0} ({} in {:.1} s)", s.decisions_per_second, s.decisions, s.seconds));
     row("allowed / denied / errors", format!("{} / {} / {}", s.allowed, s.denied, s.errors));
     let l = &s.latency_us;

@@ -191,10 +191,10 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(address = %grpc_listener.local_addr()?, "Envoy rate-limit service (gRPC) is listening");
     // The standard gRPC health service: SERVING for "" and for the rate-limit service.
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<tollgate_envoy::RateLimitServiceServer<tollgate_envoy::EnvoyService>>().await;
+    health.set_serving::<tollgate_envoy::EnvoyServer>().await;
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(tollgate_envoy::RateLimitServiceServer::new(envoy))
+        .add_service(tollgate_envoy::EnvoyServer::new(envoy))
         .serve_with_incoming(
             tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
         );

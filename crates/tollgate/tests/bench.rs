@@ -72,3 +72,43 @@ async fn against_a_server_over_http_and_grpc() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("fixed window"));
 }
+
+#[tokio::test]
+async fn policies_are_named_and_churn_slides_the_key_space() {
+    // 10 a day per key, no window boundary to refill it during the run.
+    let config = r#"
+[policies.soak]
+rules = [{ name = "day", algorithm = "sliding_window_log", limit = 10, period = "1d" }]
+"#;
+    let server = Tollgate::start(config, &[]).await;
+    // 3 keys at a time, sliding by 3 every 0.5 s: within the second, k0 to k7.
+    let summary = bench(&["--target", &server.base, "--policy", "soak", "--churn", "500ms"]);
+    assert_eq!(summary["errors"].as_u64(), Some(0), "{summary}");
+    assert_eq!(summary["churn_seconds"].as_f64(), Some(0.5), "{summary}");
+    let mut spent = Vec::new();
+    for n in 0..12 {
+        let (status, body) =
+            server.check(serde_json::json!({"key": format!("k{n}"), "policy": "soak", "cost": 0})).await;
+        // A peek at a spent key answers 429.
+        assert!(status == 200 || status == 429, "{status} {body}");
+        spent.push(10 - body["remaining"].as_u64().unwrap());
+    }
+    // Counted under the policy (10 each, not the inline --limit 50), exactly what was admitted.
+    assert_eq!(spent.iter().sum::<u64>(), summary["allowed"].as_u64().unwrap(), "{spent:?} {summary}");
+    assert!(spent.iter().all(|&s| s <= 10), "{spent:?}");
+    // New keys came: more than the 3 of a still key space were used, none past k7.
+    assert!(spent.iter().filter(|&&s| s > 0).count() > 3, "{spent:?}");
+    assert_eq!(spent[8..], [0, 0, 0, 0], "{spent:?}");
+}
+
+#[tokio::test]
+async fn rate_paces_the_load() {
+    let server = Tollgate::start("", &[]).await;
+    // 8 workers, 100 a second between them: one every 80 ms each, for a second.
+    let summary = bench(&["--target", &server.base, "--period", "1y", "--rate", "100"]);
+    assert_eq!(summary["errors"].as_u64(), Some(0), "{summary}");
+    assert_eq!(summary["rate"].as_f64(), Some(100.0), "{summary}");
+    let decisions = summary["decisions"].as_u64().unwrap();
+    // At most the schedule's 13 per worker; unpaced, thousands.
+    assert!((50..=104).contains(&decisions), "{decisions} decisions: {summary}");
+}

@@ -1,8 +1,8 @@
 //! Hostile input (issue 9, "Bad input"): a catalogue of named requests over HTTP (the decision
 //! API, the Envoy JSON route and the management API) and gRPC (`ShouldRateLimit`), run against
 //! the memory backend and against a private Redis. Every bad request gets a 4xx with an RFC 9457
-//! problem (gRPC: a non-OK status other than UNKNOWN, and INTERNAL only where gRPC prescribes it,
-//! for a message that does not parse as protobuf); every hostile-but-legal key gets the answer a
+//! problem (gRPC: a non-OK status other than UNKNOWN and INTERNAL; a message that does not parse
+//! as protobuf gets INVALID_ARGUMENT, not tonic's INTERNAL); every hostile-but-legal key gets the answer a
 //! fresh key gets. Victim keys have spent part of their quota first; after the catalogue their
 //! remaining counts are exactly unchanged, and on Redis the set of keys is exactly the one the
 //! legal requests should have created. Look-alike keys (`a}b`, `{a}`, `a%7D`, NUL, CRLF, the key
@@ -581,6 +581,8 @@ enum Payload {
     Typed(RateLimitRequest),
     /// Protobuf bytes written by hand.
     Raw(Vec<u8>),
+    /// A call that sends no message at all.
+    Nothing,
 }
 
 struct GrpcCase {
@@ -738,14 +740,16 @@ fn grpc_catalogue() -> Vec<GrpcCase> {
             payload: Payload::Typed(rls("edge", vec![with(address("victim"), &over(0, Unit::Day as i32))])),
             expect: GrpcExpect::Answer(Code::Ok, vec![(Code::Ok, None)], vec![]),
         },
-        // Bytes that are not a valid request: INTERNAL, as gRPC prescribes for a request that
-        // does not parse (grpc/doc/statuscodes.md), never UNKNOWN or OK.
-        GrpcCase { name: "invalid UTF-8 domain", payload: Payload::Raw(raw_request(b"edge\xff", b"remote_address", b"victim")), expect: GrpcExpect::Status(tonic::Code::Internal) },
-        GrpcCase { name: "invalid UTF-8 entry key", payload: Payload::Raw(raw_request(b"edge", b"remote_address\xc0", b"victim")), expect: GrpcExpect::Status(tonic::Code::Internal) },
-        GrpcCase { name: "invalid UTF-8 entry value", payload: Payload::Raw(raw_request(b"edge", b"remote_address", b"victim\xed\xa0\x80")), expect: GrpcExpect::Status(tonic::Code::Internal) },
-        GrpcCase { name: "truncated message", payload: Payload::Raw(raw_request(b"edge", b"remote_address", b"victim")[..12].to_vec()), expect: GrpcExpect::Status(tonic::Code::Internal) },
-        GrpcCase { name: "length beyond the message", payload: Payload::Raw(vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f, b'e']), expect: GrpcExpect::Status(tonic::Code::Internal) },
-        GrpcCase { name: "hits_addend varint of 11 bytes", payload: Payload::Raw([field(1, b"edge"), vec![0x18], vec![0xff; 10], vec![0x01]].concat()), expect: GrpcExpect::Status(tonic::Code::Internal) },
+        // Bytes that are not a valid request: the caller's fault, INVALID_ARGUMENT (tonic alone
+        // answers INTERNAL, as gRPC's status guide has it; crates/tollgate-envoy/src/server.rs).
+        GrpcCase { name: "invalid UTF-8 domain", payload: Payload::Raw(raw_request(b"edge\xff", b"remote_address", b"victim")), expect: GrpcExpect::Status(tonic::Code::InvalidArgument) },
+        GrpcCase { name: "invalid UTF-8 entry key", payload: Payload::Raw(raw_request(b"edge", b"remote_address\xc0", b"victim")), expect: GrpcExpect::Status(tonic::Code::InvalidArgument) },
+        GrpcCase { name: "invalid UTF-8 entry value", payload: Payload::Raw(raw_request(b"edge", b"remote_address", b"victim\xed\xa0\x80")), expect: GrpcExpect::Status(tonic::Code::InvalidArgument) },
+        GrpcCase { name: "truncated message", payload: Payload::Raw(raw_request(b"edge", b"remote_address", b"victim")[..12].to_vec()), expect: GrpcExpect::Status(tonic::Code::InvalidArgument) },
+        GrpcCase { name: "length beyond the message", payload: Payload::Raw(vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f, b'e']), expect: GrpcExpect::Status(tonic::Code::InvalidArgument) },
+        GrpcCase { name: "hits_addend varint of 11 bytes", payload: Payload::Raw([field(1, b"edge"), vec![0x18], vec![0xff; 10], vec![0x01]].concat()), expect: GrpcExpect::Status(tonic::Code::InvalidArgument) },
+        GrpcCase { name: "wire type 7 (none such)", payload: Payload::Raw([field(1, b"edge"), vec![0x17]].concat()), expect: GrpcExpect::Status(tonic::Code::InvalidArgument) },
+        GrpcCase { name: "no message at all", payload: Payload::Nothing, expect: GrpcExpect::Status(tonic::Code::InvalidArgument) },
         // Parses: protobuf's last-one-wins for a repeated scalar, and unknown fields skipped.
         GrpcCase {
             name: "domain twice (the last wins), raw",
@@ -805,6 +809,17 @@ async fn send_grpc_raw(channel: Channel, bytes: Vec<u8>) -> Result<Vec<u8>, toni
         "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
     );
     grpc.unary(tonic::Request::new(bytes), path, RawCodec).await.map(tonic::Response::into_inner)
+}
+
+/// Calls `ShouldRateLimit` sending no message (a client stream that ends at once).
+async fn send_grpc_nothing(channel: Channel) -> Result<Vec<u8>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|e| tonic::Status::unknown(e.to_string()))?;
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    let nothing = tonic::codegen::tokio_stream::empty::<Vec<u8>>();
+    grpc.client_streaming(tonic::Request::new(nothing), path, RawCodec).await.map(tonic::Response::into_inner)
 }
 
 /// The remaining count of one descriptor, peeked (hits 0).
@@ -931,6 +946,18 @@ async fn run_catalogue(run: &mut Run, backend: &str) -> Vec<String> {
     names.sort_unstable();
     names.dedup();
     assert_eq!(names.len(), grpc.len(), "gRPC case names are unique");
+    // A refusal is the caller's fault: never OK, UNKNOWN or INTERNAL.
+    for case in &grpc {
+        let code = match case.expect {
+            GrpcExpect::Status(code) => code,
+            GrpcExpect::Answer(..) => continue,
+        };
+        assert!(
+            !matches!(code, tonic::Code::Ok | tonic::Code::Unknown | tonic::Code::Internal),
+            "{}: {code:?}",
+            case.name
+        );
+    }
     for case in grpc {
         let answer = match case.payload {
             Payload::Typed(req) => {
@@ -942,6 +969,13 @@ async fn run_catalogue(run: &mut Run, backend: &str) -> Vec<String> {
             }
             Payload::Raw(bytes) => {
                 let call = send_grpc_raw(run.channel.clone(), bytes);
+                match tokio::time::timeout(Duration::from_secs(20), call).await {
+                    Err(_) => Err(tonic::Status::deadline_exceeded("no answer within 20 s")),
+                    Ok(r) => r.map(|_| None),
+                }
+            }
+            Payload::Nothing => {
+                let call = send_grpc_nothing(run.channel.clone());
                 match tokio::time::timeout(Duration::from_secs(20), call).await {
                     Err(_) => Err(tonic::Status::deadline_exceeded("no answer within 20 s")),
                     Ok(r) => r.map(|_| None),
