@@ -161,19 +161,26 @@ mod tests {
         let cache = DenyCache::new();
         let rules = RuleSet::new([Rule::fixed_window(1, Period::SECOND)]).unwrap();
         for n in 0..1000 {
-            cache.put(&format!("gone-{n}"), &rules, 1, Instant::now(), &denied(Duration::from_millis(500)));
+            cache.put(
+                &format!("gone-{n}"),
+                &rules,
+                1,
+                Instant::now(),
+                0,
+                &denied(Duration::from_millis(500)),
+            );
         }
-        cache.put("long", &rules, 1, Instant::now(), &denied(Duration::from_secs(60)));
+        cache.put("long", &rules, 1, Instant::now(), 0, &denied(Duration::from_secs(60)));
         assert_eq!(cache.map.len(), 1001);
         // Within the second, no sweep: the expired entries are still there.
         tokio::time::advance(Duration::from_millis(600)).await;
-        cache.put("other", &rules, 1, Instant::now(), &denied(Duration::from_secs(60)));
+        cache.put("other", &rules, 1, Instant::now(), 0, &denied(Duration::from_secs(60)));
         assert_eq!(cache.map.len(), 1002);
         // A second after the last sweep, the next denial sweeps: only the live ones stay.
         tokio::time::advance(Duration::from_millis(500)).await;
-        cache.put("third", &rules, 1, Instant::now(), &denied(Duration::from_secs(60)));
+        cache.put("third", &rules, 1, Instant::now(), 0, &denied(Duration::from_secs(60)));
         assert_eq!(cache.map.len(), 3);
-        assert!(cache.get("long", &rules, 1).is_some_and(|d| !d.allowed()));
-        assert!(cache.get("gone-1", &rules, 1).is_none());
+        assert!(cache.get("long", &rules, 1, 0).is_some_and(|d| !d.allowed()));
+        assert!(cache.get("gone-1", &rules, 1, 0).is_none());
     }
 }
