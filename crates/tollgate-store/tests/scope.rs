@@ -201,3 +201,75 @@ on_both_drivers!(
     policy_writes_are_checked_against_the_stored_row,
     audit_entries_carry_their_scope,
 );
+
+/// Entries written before the scope columns existed get theirs from the recorded JSON when the
+/// migration runs: a database at migration 0001 with such entries, then opened by the store.
+async fn legacy_audit_entries_get_their_scope(url: &str, driver: &str) {
+    sqlx::any::install_default_drivers();
+    let first_only = tempfile::tempdir().unwrap();
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations").join(driver);
+    std::fs::copy(source.join("0001_init.sql"), first_only.path().join("0001_init.sql")).unwrap();
+    let pool = sqlx::AnyPool::connect(url).await.unwrap();
+    sqlx::migrate::Migrator::new(first_only.path()).await.unwrap().run(&pool).await.unwrap();
+    let legacy = [
+        ("token", "blog-admin", None, Some(r#"{"name":"blog-admin","role":"admin","apps":["blog"]}"#)),
+        ("token", "root", None, Some(r#"{"name":"root","role":"admin","apps":null}"#)),
+        (
+            "policy",
+            "moved",
+            Some(r#"{"name":"moved","apps":["blog"]}"#),
+            Some(r#"{"name":"moved","apps":["shop"]}"#),
+        ),
+        ("consumer_limit", "acme", None, Some(r#"{"id":"x","consumer_id":"acme"}"#)),
+    ];
+    for (kind, subject, before, after) in legacy {
+        sqlx::query(
+            "INSERT INTO audit_log (at, actor, action, kind, subject, before_json, after_json) \
+             VALUES (1, 'old', 'create', $1, $2, $3, $4)",
+        )
+        .bind(kind)
+        .bind(subject)
+        .bind(before)
+        .bind(after)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    pool.close().await;
+
+    let store = Store::connect(url).await.unwrap();
+    let entries = store.audit(&Page::default()).await.unwrap();
+    let scopes: Vec<_> = entries
+        .iter()
+        .rev()
+        .map(|e| (e.subject.as_str(), e.scope.before.clone(), e.scope.after.clone()))
+        .collect();
+    assert_eq!(
+        scopes,
+        [
+            ("blog-admin", None, apps(&["blog"])),
+            ("root", None, Some(vec![])),
+            ("moved", apps(&["blog"]), apps(&["shop"])),
+            ("acme", None, None),
+        ],
+        "{driver}"
+    );
+    let (shop_admin, _) =
+        store.create_token(Actor::operator("t"), "shop-admin", Role::Admin, apps(&["shop"])).await.unwrap();
+    let seen: Vec<&str> =
+        entries.iter().filter(|e| e.visible_to(&shop_admin)).map(|e| e.subject.as_str()).collect();
+    assert_eq!(seen, ["acme", "moved"], "{driver}");
+}
+
+#[tokio::test]
+async fn legacy_audit_entries_get_their_scope_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("old.db").display());
+    legacy_audit_entries_get_their_scope(&url, "sqlite").await;
+}
+
+#[tokio::test]
+async fn legacy_audit_entries_get_their_scope_on_postgres() {
+    let server = PostgresServer::start();
+    legacy_audit_entries_get_their_scope(&server.fresh_database(), "postgres").await;
+}
