@@ -366,18 +366,13 @@ pub async fn list_tokens(
     AsAdmin(caller): AsAdmin,
     Query(query): Query<PageQuery>,
 ) -> Result<Json<List<TokenRecord>>, Problem> {
-    let page = Page::from(query);
-    let limit = usize::try_from(page.limit.unwrap_or(50).clamp(1, tollgate_store::MAX_PAGE)).unwrap_or(50);
-    let tokens = caller
+    // Filtered while paging, so neither the page nor its cursor names a token beyond the
+    // caller's apps.
+    let (items, next) = caller
         .store
-        .list_tokens(&Page { after: page.after, limit: page.limit })
+        .tokens_visible_to(caller.token.actor(), &Page::from(query))
         .await
         .map_err(store_problem)?;
-    let next = (tokens.len() == limit).then(|| tokens.last().map(|t| t.name.clone()).unwrap_or_default());
-    let items = tokens
-        .into_iter()
-        .filter(|t| caller.token.may_change(t.apps.as_deref().unwrap_or_default()))
-        .collect();
     Ok(Json(List { items, next }))
 }
 

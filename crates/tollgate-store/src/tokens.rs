@@ -202,6 +202,35 @@ impl Store {
         rows.iter().map(TokenRecord::from_row).collect()
     }
 
+    /// One page of the tokens `actor` may change (those all of whose apps it holds; every token
+    /// for an unrestricted actor), by name, and the cursor of the next page (`None` on the
+    /// last). Tokens beyond the actor's apps are skipped while reading, never counted in the
+    /// page nor named by the cursor: a page is `page.limit` visible tokens, and the cursor is
+    /// the last of them.
+    pub async fn tokens_visible_to(
+        &self,
+        actor: Actor<'_>,
+        page: &Page,
+    ) -> Result<(Vec<TokenRecord>, Option<String>), StoreError> {
+        let limit = usize::try_from(page.limit()).unwrap_or(usize::MAX);
+        let mut items = Vec::new();
+        let mut cursor = page.after.clone();
+        loop {
+            let raw = self.list_tokens(&Page { after: cursor.clone(), limit: Some(crate::MAX_PAGE) }).await?;
+            let exhausted = raw.len() < crate::MAX_PAGE as usize;
+            cursor = raw.last().map(|t| t.name.clone());
+            items.extend(raw.into_iter().filter(|t| actor.may_change(&t.scope_apps())));
+            if items.len() > limit {
+                items.truncate(limit);
+                let next = items.last().map(|t| t.name.clone());
+                return Ok((items, next));
+            }
+            if exhausted {
+                return Ok((items, None));
+            }
+        }
+    }
+
     /// How many tokens exist.
     pub async fn count_tokens(&self) -> Result<i64, StoreError> {
         Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tokens").fetch_one(&self.pool).await?)

@@ -177,6 +177,39 @@ async fn scoped_tokens_read_no_audit_of_tokens_they_cannot_list() {
     assert_eq!(audit(root).await.len(), 6, "the bootstrap token, four tokens and a policy");
 }
 
+/// Found attacking the fix: the token list's cursor was the last token of the unfiltered page,
+/// so a scoped admin paging with `limit=1` read the names of tokens beyond its apps.
+#[tokio::test]
+async fn a_scoped_admin_pages_through_its_own_tokens_only() {
+    let (server, root, _dir) = start().await;
+    create_token(&server, &root, "a-blog", "admin", Some(&["blog"])).await;
+    create_token(&server, &root, "b-shop", "viewer", Some(&["shop"])).await;
+    create_token(&server, &root, "c-both", "viewer", Some(&["shop", "blog"])).await;
+    let shop_admin = create_token(&server, &root, "shop-admin", "admin", Some(&["shop"])).await;
+    let mut seen = Vec::new();
+    let mut path = "/v1/admin/tokens?limit=1".to_owned();
+    for _ in 0..10 {
+        let r = server.client.get(server.url(&path)).bearer_auth(&shop_admin).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let body: Value = r.json().await.unwrap();
+        let items = body["items"].as_array().unwrap();
+        // Names in the page and its cursor (`created_by` is who made a token, as the audit's
+        // `actor` is: shown).
+        let named: Vec<&str> =
+            items.iter().map(|t| t["name"].as_str().unwrap()).chain(body["next"].as_str()).collect();
+        for hidden in ["a-blog", "c-both", "zz-root"] {
+            assert!(!named.contains(&hidden), "{path}: {body}");
+        }
+        assert_eq!(items.len(), 1, "every page is full but the last: {body}");
+        seen.push(items[0]["name"].as_str().unwrap().to_owned());
+        match body["next"].as_str() {
+            Some(next) => path = format!("/v1/admin/tokens?limit=1&after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["b-shop", "shop-admin"]);
+}
+
 #[tokio::test]
 async fn anonymous_info_names_no_stored_policy() {
     let (server, root, _dir) = start().await;
