@@ -6,6 +6,33 @@ use sqlx::{Any, Row, Transaction};
 use crate::tokens::{Role, TokenRecord};
 use crate::{Page, Store, StoreError, now_ms};
 
+/// What kind of item a change is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemKind {
+    /// A stored policy.
+    Policy,
+    /// An API token.
+    Token,
+    /// A consumer limit record.
+    ConsumerLimit,
+}
+
+impl ItemKind {
+    /// The name stored in the audit log and shown in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ItemKind::Policy => "policy",
+            ItemKind::Token => "token",
+            ItemKind::ConsumerLimit => "consumer_limit",
+        }
+    }
+
+    fn parse(text: &str) -> Option<ItemKind> {
+        [ItemKind::Policy, ItemKind::Token, ItemKind::ConsumerLimit].into_iter().find(|k| k.as_str() == text)
+    }
+}
+
 /// The apps an audit entry's item belonged to before and after the change: what decides who
 /// may read the entry. Kept in columns of its own (`apps_before`, `apps_after`), written with
 /// the entry, so authorisation never digs in the recorded JSON.
@@ -30,8 +57,8 @@ pub struct AuditEntry {
     pub actor: String,
     /// `create`, `update` or `delete`.
     pub action: String,
-    /// `policy`, `token`, ...
-    pub kind: String,
+    /// What was changed: `policy`, `token` or `consumer_limit`.
+    pub kind: ItemKind,
     /// The item's name.
     pub subject: String,
     /// The item before (absent for a creation). Token secrets are never recorded.
@@ -49,9 +76,9 @@ impl AuditEntry {
     /// item on one side of the change (global items and items sharing an app with it).
     pub fn visible_to(&self, token: &TokenRecord) -> bool {
         let sides = || self.scope.before.iter().chain(self.scope.after.iter());
-        match self.kind.as_str() {
-            "token" => token.role == Role::Admin && sides().any(|apps| token.may_change(apps)),
-            _ => {
+        match self.kind {
+            ItemKind::Token => token.role == Role::Admin && sides().any(|apps| token.may_change(apps)),
+            ItemKind::Policy | ItemKind::ConsumerLimit => {
                 self.scope.before.is_none() && self.scope.after.is_none()
                     || sides().any(|apps| token.may_see(apps))
             }
@@ -62,7 +89,7 @@ impl AuditEntry {
 pub(crate) struct Change<'a> {
     pub actor: &'a str,
     pub action: &'static str,
-    pub kind: &'static str,
+    pub kind: ItemKind,
     pub subject: &'a str,
     pub before: Option<serde_json::Value>,
     pub after: Option<serde_json::Value>,
@@ -84,7 +111,7 @@ pub(crate) async fn record(tx: &mut Transaction<'static, Any>, c: Change<'_>) ->
     .bind(now_ms())
     .bind(c.actor)
     .bind(c.action)
-    .bind(c.kind)
+    .bind(c.kind.as_str())
     .bind(c.subject)
     .bind(text(&c.before))
     .bind(text(&c.after))
@@ -129,7 +156,14 @@ impl Store {
                     at: r.try_get("at")?,
                     actor: r.try_get("actor")?,
                     action: r.try_get("action")?,
-                    kind: r.try_get("kind")?,
+                    kind: {
+                        let kind: String = r.try_get("kind")?;
+                        ItemKind::parse(&kind).ok_or_else(|| {
+                            StoreError::Database(sqlx::Error::Decode(
+                                format!("unknown audit kind {kind:?}").into(),
+                            ))
+                        })?
+                    },
                     subject: r.try_get("subject")?,
                     before: json(r.try_get("before_json")?),
                     after: json(r.try_get("after_json")?),

@@ -8,7 +8,7 @@ use sqlx::any::AnyRow;
 use tollgate_config::SixPeriods;
 use tollgate_core::limits::MAX_COUNT;
 
-use crate::audit::{AuditScope, Change};
+use crate::audit::{AuditScope, Change, ItemKind};
 use crate::scope::Actor;
 use crate::{Store, StoreError, now_ms};
 
@@ -298,7 +298,7 @@ impl Store {
         let change = Change {
             actor: actor.name(),
             action: "create",
-            kind: "consumer_limit",
+            kind: ItemKind::ConsumerLimit,
             subject: consumer_id,
             before: None,
             after,
@@ -359,7 +359,7 @@ impl Store {
         let change = Change {
             actor: actor.name(),
             action: "update",
-            kind: "consumer_limit",
+            kind: ItemKind::ConsumerLimit,
             subject: consumer_id,
             before: crate::audit::snapshot(&before),
             after: crate::audit::snapshot(&record),
@@ -385,7 +385,7 @@ impl Store {
         let change = Change {
             actor: actor.name(),
             action: "delete",
-            kind: "consumer_limit",
+            kind: ItemKind::ConsumerLimit,
             subject: consumer_id,
             before: crate::audit::snapshot(&before),
             after: None,

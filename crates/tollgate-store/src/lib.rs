@@ -16,7 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{Any, AnyPool, Transaction};
 
-pub use audit::{AuditEntry, AuditScope};
+pub use audit::{AuditEntry, AuditScope, ItemKind};
 pub use consumers::{ConsumerLimit, ConsumerLimitInput, MAX_CONSUMER_BYTES, aggregate, validate_consumer_id};
 pub use policies::{PolicyInput, PolicyRecord};
 pub use scope::Actor;

@@ -8,7 +8,7 @@ use tollgate_config::{PolicySpec, Strategy};
 use tollgate_core::{Period, Rule};
 use tollgate_limiter::{Mode, Policy};
 
-use crate::audit::{AuditScope, Change};
+use crate::audit::{AuditScope, Change, ItemKind};
 use crate::scope::Actor;
 use crate::{Page, Store, StoreError, now_ms};
 
@@ -198,7 +198,7 @@ impl Store {
         let change = Change {
             actor: actor.name(),
             action: "create",
-            kind: "policy",
+            kind: ItemKind::Policy,
             subject: name,
             before: None,
             after: crate::audit::snapshot(&record),
@@ -250,7 +250,7 @@ impl Store {
         let change = Change {
             actor: actor.name(),
             action: "update",
-            kind: "policy",
+            kind: ItemKind::Policy,
             subject: name,
             before: crate::audit::snapshot(&before),
             after: crate::audit::snapshot(&record),
@@ -279,7 +279,7 @@ impl Store {
         let change = Change {
             actor: actor.name(),
             action: "delete",
-            kind: "policy",
+            kind: ItemKind::Policy,
             subject: name,
             before: crate::audit::snapshot(&before),
             after: None,

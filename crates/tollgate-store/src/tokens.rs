@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::audit::{AuditScope, Change};
+use crate::audit::{AuditScope, Change, ItemKind};
 use crate::policies::MAX_APPS;
 use crate::scope::Actor;
 use crate::{Page, Store, StoreError, now_ms};
@@ -170,7 +170,7 @@ impl Store {
             Change {
                 actor: actor.name(),
                 action: "create",
-                kind: "token",
+                kind: ItemKind::Token,
                 subject: name,
                 before: None,
                 after,
@@ -260,7 +260,7 @@ impl Store {
             Change {
                 actor: actor.name(),
                 action: "delete",
-                kind: "token",
+                kind: ItemKind::Token,
                 subject: name,
                 before,
                 after: None,

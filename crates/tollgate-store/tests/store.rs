@@ -201,7 +201,7 @@ async fn consumer_limits_round_trip(store: &Store) {
     store.delete_consumer_limit(Actor::operator("carol"), "acme", &created.id, None).await.unwrap();
     assert!(store.consumer_limits("acme").await.unwrap().is_empty());
     let audit = store.audit(&Page::default()).await.unwrap();
-    assert_eq!(audit[0].kind, "consumer_limit");
+    assert_eq!(audit[0].kind, tollgate_store::ItemKind::ConsumerLimit);
     assert_eq!(audit[0].action, "delete");
 }
 
