@@ -544,9 +544,10 @@ export async function health(ctx) {
         card('When the backend fails', info.on_failure),
         card('Policy database', info.database || 'none'),
         card('Version', info.version),
-        card('Policies in force', String(info.policies.length))),
-      h('h2', {}, 'Policies in force'),
-      h('ul', { class: 'plain' }, info.policies.map((n) => h('li', {}, h('a', { href: `#/policies/${enc(n)}` }, n)))));
+        card('Policies in force', String(info.policies.length + (info.stored_policies || 0)))),
+      h('h2', {}, 'Policies of the configuration file'),
+      h('ul', { class: 'plain' }, info.policies.map((n) => h('li', {}, h('a', { href: `#/policies/${enc(n)}` }, n)))),
+      h('p', { class: 'muted' }, `And ${info.stored_policies || 0} from the policy database: see Policies.`));
     } catch (e) {
       host.replaceChildren(h('p', { class: 'error', role: 'alert' }, `The server did not answer: ${e.message}`));
     }

@@ -4,7 +4,8 @@
 
 use axum::Json;
 use axum::extract::Path;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::rejection::PathRejection;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use tollgate_store::TokenRecord;
 
@@ -86,11 +87,12 @@ pub async fn index(headers: HeaderMap) -> Response {
     response
 }
 
-/// `GET /console/assets/{file}`.
-pub async fn asset(headers: HeaderMap, Path(file): Path<String>) -> Response {
-    match ASSETS.iter().find(|a| a.name == file) {
+/// `GET /console/assets/{file}`. A name that does not decode (`%ff`: not UTF-8) names no asset
+/// either: 404 as a problem, like every other refusal, never axum's plain-text rejection.
+pub async fn asset(headers: HeaderMap, uri: Uri, file: Result<Path<String>, PathRejection>) -> Response {
+    match file.ok().and_then(|Path(file)| ASSETS.iter().find(|a| a.name == file)) {
         Some(a) => serve(&headers, a.content_type, a.body),
-        None => Problem::not_found(&format!("/console/assets/{file}")).into_response(),
+        None => Problem::not_found(uri.path()).into_response(),
     }
 }
 

@@ -14,9 +14,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tollgate_core::{Period, Rule, RuleSet};
 use tollgate_limiter::{Policy, Verdict};
-use tollgate_store::{PERIODS, Role, aggregate, validate_consumer_id};
+use tollgate_store::{PERIODS, aggregate, validate_consumer_id};
 
-use crate::admin::Caller;
+use crate::admin::AsViewer;
 use crate::api::{DecisionBody, limit_problem, respond};
 use crate::headers::ceil_secs;
 use crate::problem::{Path, Problem};
@@ -184,10 +184,9 @@ pub struct CallLimits {
 #[utoipa::path(get, path = "/v1/consumers/{consumer}/call-limits", params(("consumer" = String, Path)), responses((status = 200, description = "`limits` and per period `calls_made`, `reset_in_seconds`"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json")))]
 pub async fn call_limits(
     State(state): State<AppState>,
-    caller: Caller,
+    AsViewer(_caller): AsViewer,
     Path(consumer): Path<String>,
 ) -> Result<Json<CallLimits>, Problem> {
-    caller.require(Role::Viewer)?;
     validate_consumer_id("consumer", &consumer).map_err(|e| Problem::invalid("consumer", e.to_string()))?;
     let limits = limits_of(&state, &consumer, None);
     let mut body = CallLimits {

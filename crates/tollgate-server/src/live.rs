@@ -16,9 +16,8 @@ use axum::Json;
 use axum::extract::State;
 use serde::Serialize;
 use tollgate_limiter::Verdict;
-use tollgate_store::Role;
 
-use crate::admin::Caller;
+use crate::admin::AsViewer;
 use crate::headers::ceil_millis;
 use crate::problem::{Path, Problem};
 use crate::state::AppState;
@@ -264,6 +263,7 @@ impl LiveBody {
             denied: vec![0; WINDOW_SECS as usize],
             shadow_denied: vec![0; WINDOW_SECS as usize],
             nearest: Vec::new(),
+            keys_withheld: false,
             bounds: Bounds { window_secs: WINDOW_SECS, top_keys: TOP_KEYS, max_policies: MAX_POLICIES },
         }
     }
@@ -288,35 +288,53 @@ pub struct LiveBody {
     pub shadow_denied: Vec<u32>,
     /// Keys nearest their limits, nearest first, at most `bounds.top_keys`.
     pub nearest: Vec<NearBody>,
+    /// Whether `nearest` was emptied because the policy counts callers beyond the token's apps.
+    pub keys_withheld: bool,
     /// The recorder's bounds.
     pub bounds: Bounds,
 }
 
 /// Allowed and denied checks per second over the last 15 minutes, and the keys nearest their
 /// limits, as seen by this instance (viewer).
-#[utoipa::path(get, path = "/v1/admin/live/policies/{name}", tag = "management", params(("name" = String, Path)), responses((status = 200, description = "`allowed`, `denied`, `shadow_denied`: 900 one-second buckets, oldest first, from `start_sec`; `nearest`: up to 20 keys with the smallest fraction left"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
+///
+/// The keys are callers' identities (users, addresses, API keys) of every app whose traffic
+/// the policy counts, so a token sees them only when the policy's traffic is all within its
+/// apps: unrestricted tokens everywhere; tokens limited to some apps for stored policies all of
+/// whose apps they hold. Such tokens get the counts of global policies (the file's, stored
+/// ones of no app) with the keys withheld, and nothing of the pseudo-policies `inline`,
+/// `consumer` and `anonymous`, which count every caller of every app (404, as for a policy
+/// they may not see).
+#[utoipa::path(get, path = "/v1/admin/live/policies/{name}", tag = "management", params(("name" = String, Path)), responses((status = 200, description = "`allowed`, `denied`, `shadow_denied`: 900 one-second buckets, oldest first, from `start_sec`; `nearest`: up to 20 keys with the smallest fraction left (empty, with `keys_withheld`, for a token limited to some apps on a policy reaching beyond them)"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn policy_live(
     State(state): State<AppState>,
-    signed: Caller,
+    AsViewer(signed): AsViewer,
     Path(name): Path<String>,
 ) -> Result<Json<LiveBody>, Problem> {
-    signed.require(Role::Viewer)?;
-    let known = if state.config().policies.get(&name).is_some() || BUILTIN_NAMES.contains(&name.as_str()) {
-        true
+    let token = &signed.token;
+    let unknown = || Problem::no_such(format!("there is no policy named {name:?}"));
+    // The apps of the policy's traffic: None when it is not visible to the token at all.
+    let apps: Vec<String> = if BUILTIN_NAMES.contains(&name.as_str()) {
+        if token.apps.is_some() {
+            return Err(unknown());
+        }
+        Vec::new()
+    } else if state.config().policies.get(&name).is_some() {
+        Vec::new()
     } else {
         match signed.store.get_policy(&name).await {
-            Ok(record) => signed.token.may_see(&record.apps),
-            Err(tollgate_store::StoreError::NotFound { .. }) => false,
+            Ok(record) if token.may_see(&record.apps) => record.apps,
+            Ok(_) | Err(tollgate_store::StoreError::NotFound { .. }) => return Err(unknown()),
             Err(_) => {
                 return Err(Problem::database_unavailable("the policy database did not answer; try again"));
             }
         }
     };
-    if !known {
-        return Err(Problem::no_such(format!("there is no policy named {name:?}")));
-    }
     let now = now_ms();
-    let body = state.live.snapshot_at(&name, now).unwrap_or_else(|| LiveBody::empty(&name, now));
+    let mut body = state.live.snapshot_at(&name, now).unwrap_or_else(|| LiveBody::empty(&name, now));
+    if !token.may_change(&apps) {
+        body.nearest.clear();
+        body.keys_withheld = true;
+    }
     Ok(Json(body))
 }
 

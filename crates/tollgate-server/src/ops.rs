@@ -40,8 +40,13 @@ pub struct Info {
     /// The policy database: `sqlite`, `postgres`, or absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub database: Option<&'static str>,
-    /// Names of the policies in force: the configuration file's, then the database's.
+    /// Names of the configuration file's policies. The database's are not named here: this
+    /// route answers anyone, and stored policies belong to apps whose tokens alone may see them
+    /// (`GET /v1/admin/policies`).
     pub policies: Vec<String>,
+    /// How many of the database's policies are in force (enabled, and not shadowed by a file
+    /// policy of the same name).
+    pub stored_policies: usize,
 }
 
 /// The process is alive.
@@ -60,7 +65,8 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>)
     }
 }
 
-/// What is running, and whether its backend answers.
+/// What is running, and whether its backend answers. Anonymous: it names the file's policies
+/// and counts the database's.
 #[utoipa::path(get, path = "/v1/info", responses((status = 200, body = Info)))]
 pub async fn info(State(state): State<AppState>) -> Json<Info> {
     let limiter = &state.limiter;
@@ -79,12 +85,8 @@ pub async fn info(State(state): State<AppState>) -> Json<Info> {
             tollgate_store::Driver::Sqlite => "sqlite",
             tollgate_store::Driver::Postgres => "postgres",
         }),
-        policies: config
-            .policies
-            .iter()
-            .map(|(name, _)| name.to_owned())
-            .chain(state.stored.load().keys().filter(|n| config.policies.get(n).is_none()).cloned())
-            .collect(),
+        policies: config.policies.iter().map(|(name, _)| name.to_owned()).collect(),
+        stored_policies: state.stored.load().keys().filter(|n| config.policies.get(n).is_none()).count(),
     })
 }
 

@@ -8,8 +8,13 @@ use sqlx::any::AnyRow;
 use tollgate_config::SixPeriods;
 use tollgate_core::limits::MAX_COUNT;
 
-use crate::audit::Change;
+use crate::audit::{AuditScope, Change, ItemKind};
+use crate::scope::Actor;
 use crate::{Store, StoreError, now_ms};
+
+/// The apps consumer limits belong to: none. Like global policies, only unrestricted actors
+/// change them (every token may read them, and their audit entries).
+const CONSUMER_LIMIT_APPS: &[String] = &[];
 
 /// Longest consumer id and scope, in bytes.
 pub const MAX_CONSUMER_BYTES: usize = 256;
@@ -239,13 +244,15 @@ impl Store {
         Ok(current)
     }
 
-    /// Adds a limit record for `consumer_id`.
+    /// Adds a limit record for `consumer_id`; refused with [`StoreError::OutOfScope`] for an
+    /// actor limited to some apps.
     pub async fn create_consumer_limit(
         &self,
-        actor: &str,
+        actor: Actor<'_>,
         consumer_id: &str,
         input: &ConsumerLimitInput,
     ) -> Result<ConsumerLimit, StoreError> {
+        actor.check("consumer limit", consumer_id, CONSUMER_LIMIT_APPS)?;
         validate_consumer_id("consumer_id", consumer_id)?;
         let (from_ms, to_ms) = input.validate()?;
         let now = now_ms();
@@ -259,8 +266,8 @@ impl Store {
             from: from_ms.map(rfc3339),
             to: to_ms.map(rfc3339),
             version: 1,
-            created_by: actor.to_owned(),
-            updated_by: actor.to_owned(),
+            created_by: actor.name().to_owned(),
+            updated_by: actor.name().to_owned(),
             created_at: now,
             updated_at: now,
         };
@@ -289,26 +296,29 @@ impl Store {
         .await?;
         let after = crate::audit::snapshot(&record);
         let change = Change {
-            actor,
+            actor: actor.name(),
             action: "create",
-            kind: "consumer_limit",
+            kind: ItemKind::ConsumerLimit,
             subject: consumer_id,
             before: None,
             after,
+            scope: AuditScope::default(),
         };
         Store::commit_change(tx, change).await?;
         Ok(record)
     }
 
-    /// Replaces a limit record; with `if_version`, only if that is still its version.
+    /// Replaces a limit record; with `if_version`, only if that is still its version. Refused
+    /// with [`StoreError::OutOfScope`] for an actor limited to some apps.
     pub async fn update_consumer_limit(
         &self,
-        actor: &str,
+        actor: Actor<'_>,
         consumer_id: &str,
         id: &str,
         input: &ConsumerLimitInput,
         if_version: Option<i64>,
     ) -> Result<ConsumerLimit, StoreError> {
+        actor.check("consumer limit", consumer_id, CONSUMER_LIMIT_APPS)?;
         let (from_ms, to_ms) = input.validate()?;
         let mut tx = self.begin().await?;
         let before = self.consumer_limit(&mut tx, consumer_id, id, if_version).await?;
@@ -320,7 +330,7 @@ impl Store {
             from: from_ms.map(rfc3339),
             to: to_ms.map(rfc3339),
             version: before.version + 1,
-            updated_by: actor.to_owned(),
+            updated_by: actor.name().to_owned(),
             updated_at: now_ms(),
             ..before.clone()
         };
@@ -347,35 +357,39 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         let change = Change {
-            actor,
+            actor: actor.name(),
             action: "update",
-            kind: "consumer_limit",
+            kind: ItemKind::ConsumerLimit,
             subject: consumer_id,
             before: crate::audit::snapshot(&before),
             after: crate::audit::snapshot(&record),
+            scope: AuditScope::default(),
         };
         Store::commit_change(tx, change).await?;
         Ok(record)
     }
 
-    /// Deletes a limit record; with `if_version`, only if that is still its version.
+    /// Deletes a limit record; with `if_version`, only if that is still its version. Refused
+    /// with [`StoreError::OutOfScope`] for an actor limited to some apps.
     pub async fn delete_consumer_limit(
         &self,
-        actor: &str,
+        actor: Actor<'_>,
         consumer_id: &str,
         id: &str,
         if_version: Option<i64>,
     ) -> Result<(), StoreError> {
+        actor.check("consumer limit", consumer_id, CONSUMER_LIMIT_APPS)?;
         let mut tx = self.begin().await?;
         let before = self.consumer_limit(&mut tx, consumer_id, id, if_version).await?;
         sqlx::query("DELETE FROM consumer_limits WHERE id = $1").bind(id).execute(&mut *tx).await?;
         let change = Change {
-            actor,
+            actor: actor.name(),
             action: "delete",
-            kind: "consumer_limit",
+            kind: ItemKind::ConsumerLimit,
             subject: consumer_id,
             before: crate::audit::snapshot(&before),
             after: None,
+            scope: AuditScope::default(),
         };
         Store::commit_change(tx, change).await?;
         Ok(())

@@ -8,6 +8,7 @@
 mod audit;
 mod consumers;
 mod policies;
+mod scope;
 mod tokens;
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -15,9 +16,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{Any, AnyPool, Transaction};
 
-pub use audit::AuditEntry;
+pub use audit::{AuditEntry, AuditScope, ItemKind};
 pub use consumers::{ConsumerLimit, ConsumerLimitInput, MAX_CONSUMER_BYTES, aggregate, validate_consumer_id};
 pub use policies::{PolicyInput, PolicyRecord};
+pub use scope::Actor;
 pub use tokens::{Role, TokenRecord};
 pub use tollgate_config::{PERIODS, SixPeriods};
 
@@ -60,6 +62,20 @@ pub enum StoreError {
         expected: i64,
         /// The version stored.
         current: i64,
+    },
+    /// The actor's apps do not cover the item: its apps as stored (read inside the change's
+    /// transaction), or the apps the change would give it. The item's own apps are not named:
+    /// the actor may not be allowed to see them.
+    #[error("{actor:?} may not change the {kind} {name:?}: it is not limited to the apps {allowed:?}")]
+    OutOfScope {
+        /// `policy`, `token`, `consumer limit`.
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// Who asked.
+        actor: String,
+        /// The apps the actor is limited to.
+        allowed: Vec<String>,
     },
     /// The input is not valid.
     #[error("{message}")]

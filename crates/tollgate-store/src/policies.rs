@@ -8,7 +8,8 @@ use tollgate_config::{PolicySpec, Strategy};
 use tollgate_core::{Period, Rule};
 use tollgate_limiter::{Mode, Policy};
 
-use crate::audit::Change;
+use crate::audit::{AuditScope, Change, ItemKind};
+use crate::scope::Actor;
 use crate::{Page, Store, StoreError, now_ms};
 
 /// Most apps one policy or token names.
@@ -154,13 +155,15 @@ impl Store {
         }
     }
 
-    /// Creates the policy `name` (version 1).
+    /// Creates the policy `name` (version 1); refused with [`StoreError::OutOfScope`] when its
+    /// apps reach beyond the actor's.
     pub async fn create_policy(
         &self,
-        actor: &str,
+        actor: Actor<'_>,
         name: &str,
         input: &PolicyInput,
     ) -> Result<PolicyRecord, StoreError> {
+        actor.check("policy", name, &input.apps)?;
         input.validate(name)?;
         let now = now_ms();
         let record = PolicyRecord {
@@ -169,8 +172,8 @@ impl Store {
             apps: input.apps.clone(),
             enabled: input.enabled,
             version: 1,
-            created_by: actor.to_owned(),
-            updated_by: actor.to_owned(),
+            created_by: actor.name().to_owned(),
+            updated_by: actor.name().to_owned(),
             created_at: now,
             updated_at: now,
         };
@@ -193,34 +196,40 @@ impl Store {
             return Err(StoreError::Exists { kind: "policy", name: name.to_owned() });
         }
         let change = Change {
-            actor,
+            actor: actor.name(),
             action: "create",
-            kind: "policy",
+            kind: ItemKind::Policy,
             subject: name,
             before: None,
             after: crate::audit::snapshot(&record),
+            scope: AuditScope { before: None, after: Some(record.apps.clone()) },
         };
         Store::commit_change(tx, change).await?;
         Ok(record)
     }
 
     /// Replaces the policy `name`; with `if_version`, only if that is still its version.
+    /// Refused with [`StoreError::OutOfScope`] when the policy as stored (read inside the
+    /// update's transaction) or as it would become reaches beyond the actor's apps; the scope
+    /// is checked before the version and the input, so an actor learns nothing of a policy it
+    /// may not change.
     pub async fn update_policy(
         &self,
-        actor: &str,
+        actor: Actor<'_>,
         name: &str,
         input: &PolicyInput,
         if_version: Option<i64>,
     ) -> Result<PolicyRecord, StoreError> {
-        input.validate(name)?;
         let mut tx = self.begin().await?;
-        let before = self.locked_policy(&mut tx, name, if_version).await?;
+        let before = self.locked_policy(&mut tx, actor, name, if_version).await?;
+        actor.check("policy", name, &input.apps)?;
+        input.validate(name)?;
         let record = PolicyRecord {
             spec: input.spec(),
             apps: input.apps.clone(),
             enabled: input.enabled,
             version: before.version + 1,
-            updated_by: actor.to_owned(),
+            updated_by: actor.name().to_owned(),
             updated_at: now_ms(),
             ..before.clone()
         };
@@ -239,48 +248,53 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         let change = Change {
-            actor,
+            actor: actor.name(),
             action: "update",
-            kind: "policy",
+            kind: ItemKind::Policy,
             subject: name,
             before: crate::audit::snapshot(&before),
             after: crate::audit::snapshot(&record),
+            scope: AuditScope { before: Some(before.apps.clone()), after: Some(record.apps.clone()) },
         };
         Store::commit_change(tx, change).await?;
         Ok(record)
     }
 
     /// Deletes the policy `name`; with `if_version`, only if that is still its version.
+    /// Refused with [`StoreError::OutOfScope`] when the policy as stored (read inside the
+    /// delete's transaction) reaches beyond the actor's apps.
     pub async fn delete_policy(
         &self,
-        actor: &str,
+        actor: Actor<'_>,
         name: &str,
         if_version: Option<i64>,
     ) -> Result<(), StoreError> {
         let mut tx = self.begin().await?;
-        let before = self.locked_policy(&mut tx, name, if_version).await?;
+        let before = self.locked_policy(&mut tx, actor, name, if_version).await?;
         sqlx::query("DELETE FROM policies WHERE name = $1 AND version = $2")
             .bind(name)
             .bind(before.version)
             .execute(&mut *tx)
             .await?;
         let change = Change {
-            actor,
+            actor: actor.name(),
             action: "delete",
-            kind: "policy",
+            kind: ItemKind::Policy,
             subject: name,
             before: crate::audit::snapshot(&before),
             after: None,
+            scope: AuditScope { before: Some(before.apps.clone()), after: None },
         };
         Store::commit_change(tx, change).await?;
         Ok(())
     }
 
     /// The current row, inside the transaction (see [`Store::row_lock`]), checked against the
-    /// expected version.
+    /// actor's apps, then against the expected version.
     async fn locked_policy(
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        actor: Actor<'_>,
         name: &str,
         if_version: Option<i64>,
     ) -> Result<PolicyRecord, StoreError> {
@@ -292,6 +306,7 @@ impl Store {
             Some(row) => PolicyRecord::from_row(&row)?,
             None => return Err(StoreError::NotFound { kind: "policy", name: name.to_owned() }),
         };
+        actor.check("policy", name, &before.apps)?;
         crate::expect_version(if_version, before.version)?;
         Ok(before)
     }

@@ -6,8 +6,9 @@ use sha2::{Digest, Sha256};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::audit::Change;
+use crate::audit::{AuditScope, Change, ItemKind};
 use crate::policies::MAX_APPS;
+use crate::scope::Actor;
 use crate::{Page, Store, StoreError, now_ms};
 
 /// What a token may do. Each role includes the ones before it.
@@ -64,10 +65,19 @@ impl TokenRecord {
     /// Whether the token may touch something belonging to `apps`: unrestricted tokens touch
     /// everything; restricted ones only items all of whose apps they hold (not global ones).
     pub fn may_change(&self, apps: &[String]) -> bool {
-        match &self.apps {
-            None => true,
-            Some(mine) => !apps.is_empty() && apps.iter().all(|a| mine.contains(a)),
-        }
+        self.actor().may_change(apps)
+    }
+
+    /// The token as the actor of a change: the store checks its apps against the changed row
+    /// inside the change's transaction.
+    pub fn actor(&self) -> Actor<'_> {
+        Actor::new(&self.name, self.apps.as_deref())
+    }
+
+    /// The apps a token's scope is judged by: its own, or none for an unrestricted token (so
+    /// only unrestricted actors may change, list or read the audit of unrestricted tokens).
+    pub(crate) fn scope_apps(&self) -> Vec<String> {
+        self.apps.clone().unwrap_or_default()
     }
 
     /// Whether the token may see something belonging to `apps`: global items, and items
@@ -104,9 +114,10 @@ fn new_secret() -> String {
 
 impl Store {
     /// Creates a token; returns it with its secret, which is not kept.
+    /// Refused with [`StoreError::OutOfScope`] when the token would reach beyond the actor's apps.
     pub async fn create_token(
         &self,
-        actor: &str,
+        actor: Actor<'_>,
         name: &str,
         role: Role,
         apps: Option<Vec<String>>,
@@ -127,12 +138,13 @@ impl Store {
                 message: format!("1 to {MAX_APPS} apps, each 1 to 64 letters, digits, '_', '-' or '.'"),
             });
         }
+        actor.check("token", name, apps.as_deref().unwrap_or_default())?;
         let secret = new_secret();
         let record = TokenRecord {
             name: name.to_owned(),
             role,
             apps,
-            created_by: actor.to_owned(),
+            created_by: actor.name().to_owned(),
             created_at: now_ms(),
         };
         let mut tx = self.begin().await?;
@@ -152,9 +164,18 @@ impl Store {
             return Err(StoreError::Exists { kind: "token", name: name.to_owned() });
         }
         let after = crate::audit::snapshot(&record);
+        let scope = AuditScope { before: None, after: Some(record.scope_apps()) };
         Store::commit_change(
             tx,
-            Change { actor, action: "create", kind: "token", subject: name, before: None, after },
+            Change {
+                actor: actor.name(),
+                action: "create",
+                kind: ItemKind::Token,
+                subject: name,
+                before: None,
+                after,
+                scope,
+            },
         )
         .await?;
         Ok((record, secret))
@@ -181,26 +202,70 @@ impl Store {
         rows.iter().map(TokenRecord::from_row).collect()
     }
 
+    /// One page of the tokens `actor` may change (those all of whose apps it holds; every token
+    /// for an unrestricted actor), by name, and the cursor of the next page (`None` on the
+    /// last). Tokens beyond the actor's apps are skipped while reading, never counted in the
+    /// page nor named by the cursor: a page is `page.limit` visible tokens, and the cursor is
+    /// the last of them.
+    pub async fn tokens_visible_to(
+        &self,
+        actor: Actor<'_>,
+        page: &Page,
+    ) -> Result<(Vec<TokenRecord>, Option<String>), StoreError> {
+        let limit = usize::try_from(page.limit()).unwrap_or(usize::MAX);
+        let mut items = Vec::new();
+        let mut cursor = page.after.clone();
+        loop {
+            let raw = self.list_tokens(&Page { after: cursor.clone(), limit: Some(crate::MAX_PAGE) }).await?;
+            let exhausted = raw.len() < crate::MAX_PAGE as usize;
+            cursor = raw.last().map(|t| t.name.clone());
+            items.extend(raw.into_iter().filter(|t| actor.may_change(&t.scope_apps())));
+            if items.len() > limit {
+                items.truncate(limit);
+                let next = items.last().map(|t| t.name.clone());
+                return Ok((items, next));
+            }
+            if exhausted {
+                return Ok((items, None));
+            }
+        }
+    }
+
     /// How many tokens exist.
     pub async fn count_tokens(&self) -> Result<i64, StoreError> {
         Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tokens").fetch_one(&self.pool).await?)
     }
 
-    /// Deletes the token `name`.
-    pub async fn delete_token(&self, actor: &str, name: &str) -> Result<(), StoreError> {
+    /// Deletes the token `name`: the row itself is read (locked on PostgreSQL) and checked
+    /// against the actor's apps inside the delete's transaction; refused with
+    /// [`StoreError::OutOfScope`] when the token reaches beyond them.
+    pub async fn delete_token(&self, actor: Actor<'_>, name: &str) -> Result<(), StoreError> {
         let mut tx = self.begin().await?;
-        let row = sqlx::query("SELECT name, role, apps, created_by, created_at FROM tokens WHERE name = $1")
-            .bind(name)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(before) = row.as_ref().map(TokenRecord::from_row).transpose()? else {
+        let row = sqlx::query(&format!(
+            "SELECT name, role, apps, created_by, created_at FROM tokens WHERE name = $1{}",
+            self.row_lock()
+        ))
+        .bind(name)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(target) = row.as_ref().map(TokenRecord::from_row).transpose()? else {
             return Err(StoreError::NotFound { kind: "token", name: name.to_owned() });
         };
+        actor.check("token", name, &target.scope_apps())?;
         sqlx::query("DELETE FROM tokens WHERE name = $1").bind(name).execute(&mut *tx).await?;
-        let before = crate::audit::snapshot(&before);
+        let scope = AuditScope { before: Some(target.scope_apps()), after: None };
+        let before = crate::audit::snapshot(&target);
         Store::commit_change(
             tx,
-            Change { actor, action: "delete", kind: "token", subject: name, before, after: None },
+            Change {
+                actor: actor.name(),
+                action: "delete",
+                kind: ItemKind::Token,
+                subject: name,
+                before,
+                after: None,
+                scope,
+            },
         )
         .await?;
         Ok(())

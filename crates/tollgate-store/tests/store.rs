@@ -1,7 +1,7 @@
 //! The store's behaviour, the same on both drivers: every scenario runs on a SQLite file and on
 //! a fresh database of a private PostgreSQL cluster.
 
-use tollgate_store::{Page, PolicyInput, Role, Store, StoreError};
+use tollgate_store::{Actor, Page, PolicyInput, Role, Store, StoreError};
 use tollgate_testkit::PostgresServer;
 
 fn input(limit: u64, apps: &[&str]) -> PolicyInput {
@@ -14,10 +14,10 @@ fn input(limit: u64, apps: &[&str]) -> PolicyInput {
 }
 
 async fn crud_and_optimistic_versions(store: &Store) {
-    let created = store.create_policy("alice", "api", &input(10, &["shop"])).await.unwrap();
+    let created = store.create_policy(Actor::operator("alice"), "api", &input(10, &["shop"])).await.unwrap();
     assert_eq!((created.version, created.created_by.as_str()), (1, "alice"));
     assert!(matches!(
-        store.create_policy("bob", "api", &input(1, &[])).await,
+        store.create_policy(Actor::operator("bob"), "api", &input(1, &[])).await,
         Err(StoreError::Exists { .. })
     ));
 
@@ -25,41 +25,45 @@ async fn crud_and_optimistic_versions(store: &Store) {
     assert_eq!(got, created);
     assert_eq!(got.policy().unwrap().rules.len(), 1);
 
-    let updated = store.update_policy("bob", "api", &input(20, &["shop"]), Some(1)).await.unwrap();
+    let updated =
+        store.update_policy(Actor::operator("bob"), "api", &input(20, &["shop"]), Some(1)).await.unwrap();
     assert_eq!(
         (updated.version, updated.updated_by.as_str(), updated.created_by.as_str()),
         (2, "bob", "alice")
     );
-    let stale = store.update_policy("carol", "api", &input(30, &["shop"]), Some(1)).await;
+    let stale = store.update_policy(Actor::operator("carol"), "api", &input(30, &["shop"]), Some(1)).await;
     assert!(matches!(stale, Err(StoreError::Stale { expected: 1, current: 2 })), "{stale:?}");
-    assert!(matches!(store.delete_policy("carol", "api", Some(1)).await, Err(StoreError::Stale { .. })));
-    store.delete_policy("carol", "api", Some(2)).await.unwrap();
+    assert!(matches!(
+        store.delete_policy(Actor::operator("carol"), "api", Some(1)).await,
+        Err(StoreError::Stale { .. })
+    ));
+    store.delete_policy(Actor::operator("carol"), "api", Some(2)).await.unwrap();
     assert!(matches!(store.get_policy("api").await, Err(StoreError::NotFound { .. })));
     assert!(matches!(
-        store.update_policy("x", "api", &input(1, &[]), None).await,
+        store.update_policy(Actor::operator("x"), "api", &input(1, &[]), None).await,
         Err(StoreError::NotFound { .. })
     ));
 }
 
 async fn invalid_input_names_the_field(store: &Store) {
     let mut bad = input(0, &[]);
-    match store.create_policy("alice", "bad", &bad).await {
+    match store.create_policy(Actor::operator("alice"), "bad", &bad).await {
         Err(StoreError::Invalid { field, .. }) => assert_eq!(field, "rules[0].limit"),
         other => panic!("{other:?}"),
     }
     bad = input(1, &["no spaces"]);
     assert!(
-        matches!(store.create_policy("alice", "bad", &bad).await, Err(StoreError::Invalid { field, .. }) if field == "apps")
+        matches!(store.create_policy(Actor::operator("alice"), "bad", &bad).await, Err(StoreError::Invalid { field, .. }) if field == "apps")
     );
     assert!(
-        matches!(store.create_policy("alice", "a b", &input(1, &[])).await, Err(StoreError::Invalid { field, .. }) if field == "name")
+        matches!(store.create_policy(Actor::operator("alice"), "a b", &input(1, &[])).await, Err(StoreError::Invalid { field, .. }) if field == "name")
     );
     assert!(store.all_policies().await.unwrap().is_empty(), "nothing written");
 }
 
 async fn pages_in_name_order(store: &Store) {
     for i in 0..7 {
-        store.create_policy("alice", &format!("p{i}"), &input(1, &[])).await.unwrap();
+        store.create_policy(Actor::operator("alice"), &format!("p{i}"), &input(1, &[])).await.unwrap();
     }
     let first = store.list_policies(&Page { after: None, limit: Some(3) }).await.unwrap();
     let names: Vec<_> = first.iter().map(|p| p.name.as_str()).collect();
@@ -71,12 +75,15 @@ async fn pages_in_name_order(store: &Store) {
 
 async fn tokens_are_stored_hashed(store: &Store) {
     assert_eq!(store.count_tokens().await.unwrap(), 0);
-    let (token, secret) = store.create_token("bootstrap", "ops", Role::Admin, None).await.unwrap();
+    let (token, secret) =
+        store.create_token(Actor::operator("bootstrap"), "ops", Role::Admin, None).await.unwrap();
     assert!(secret.starts_with("tg_") && secret.len() == 67, "{secret}");
     assert_eq!(store.authenticate(&secret).await.unwrap(), Some(token.clone()));
     assert_eq!(store.authenticate("tg_wrong").await.unwrap(), None);
-    let (viewer, viewer_secret) =
-        store.create_token("ops", "shop-viewer", Role::Viewer, Some(vec!["shop".into()])).await.unwrap();
+    let (viewer, viewer_secret) = store
+        .create_token(Actor::operator("ops"), "shop-viewer", Role::Viewer, Some(vec!["shop".into()]))
+        .await
+        .unwrap();
     assert_ne!(secret, viewer_secret);
     assert_eq!(
         store.authenticate(&viewer_secret).await.unwrap().unwrap().apps,
@@ -86,7 +93,7 @@ async fn tokens_are_stored_hashed(store: &Store) {
     assert!(!viewer.may_change(&[]) && !viewer.may_change(&["shop".into(), "blog".into()]));
     assert!(viewer.may_change(&["shop".into()]));
     assert!(matches!(
-        store.create_token("ops", "ops", Role::Viewer, None).await,
+        store.create_token(Actor::operator("ops"), "ops", Role::Viewer, None).await,
         Err(StoreError::Exists { .. })
     ));
 
@@ -95,19 +102,19 @@ async fn tokens_are_stored_hashed(store: &Store) {
     let text = serde_json::to_string(&audit).unwrap();
     assert!(!text.contains(&secret) && !text.contains(&viewer_secret));
 
-    store.delete_token("ops", "shop-viewer").await.unwrap();
+    store.delete_token(Actor::operator("ops"), "shop-viewer").await.unwrap();
     assert_eq!(store.authenticate(&viewer_secret).await.unwrap(), None);
     assert_eq!(store.list_tokens(&Page::default()).await.unwrap().len(), 1);
 }
 
 async fn audit_trail_and_revision(store: &Store) {
     let start = store.revision().await.unwrap();
-    store.create_policy("alice", "a", &input(1, &[])).await.unwrap();
-    store.update_policy("bob", "a", &input(2, &[]), Some(1)).await.unwrap();
-    store.delete_policy("carol", "a", None).await.unwrap();
+    store.create_policy(Actor::operator("alice"), "a", &input(1, &[])).await.unwrap();
+    store.update_policy(Actor::operator("bob"), "a", &input(2, &[]), Some(1)).await.unwrap();
+    store.delete_policy(Actor::operator("carol"), "a", None).await.unwrap();
     assert_eq!(store.revision().await.unwrap(), start + 3, "every change bumps the revision");
     // A refused change leaves no trace.
-    let _ = store.update_policy("dave", "a", &input(3, &[]), None).await;
+    let _ = store.update_policy(Actor::operator("dave"), "a", &input(3, &[]), None).await;
     assert_eq!(store.revision().await.unwrap(), start + 3);
 
     let audit = store.audit(&Page::default()).await.unwrap();
@@ -122,12 +129,14 @@ async fn audit_trail_and_revision(store: &Store) {
 }
 
 async fn concurrent_updates_of_one_version_let_one_win(store: &Store) {
-    store.create_policy("alice", "race", &input(1, &[])).await.unwrap();
+    store.create_policy(Actor::operator("alice"), "race", &input(1, &[])).await.unwrap();
     let tasks: Vec<_> = (0..8)
         .map(|i| {
             let store = store.clone();
             tokio::spawn(async move {
-                store.update_policy(&format!("w{i}"), "race", &input(i + 2, &[]), Some(1)).await
+                store
+                    .update_policy(Actor::operator(&format!("w{i}")), "race", &input(i + 2, &[]), Some(1))
+                    .await
             })
         })
         .collect();
@@ -152,7 +161,7 @@ async fn consumer_limits_round_trip(store: &Store) {
         "scope": "/orders", "from": "2026-01-01T00:00:00Z", "to": "2027-01-01T00:00:00Z",
     }))
     .unwrap();
-    let created = store.create_consumer_limit("alice", "acme", &input).await.unwrap();
+    let created = store.create_consumer_limit(Actor::operator("alice"), "acme", &input).await.unwrap();
     assert_eq!(created.from.as_deref(), Some("2026-01-01T00:00:00.000Z"));
     let listed = store.consumer_limits("acme").await.unwrap();
     assert_eq!(listed, std::slice::from_ref(&created));
@@ -160,35 +169,39 @@ async fn consumer_limits_round_trip(store: &Store) {
 
     let mut changed = input.clone();
     changed.per_second = 7;
-    let stale = store.update_consumer_limit("bob", "acme", &created.id, &changed, Some(9)).await;
+    let stale =
+        store.update_consumer_limit(Actor::operator("bob"), "acme", &created.id, &changed, Some(9)).await;
     assert!(matches!(stale, Err(StoreError::Stale { .. })));
-    let updated = store.update_consumer_limit("bob", "acme", &created.id, &changed, Some(1)).await.unwrap();
+    let updated = store
+        .update_consumer_limit(Actor::operator("bob"), "acme", &created.id, &changed, Some(1))
+        .await
+        .unwrap();
     assert_eq!((updated.version, updated.limits.per_second), (2, 7));
     assert!(matches!(
-        store.update_consumer_limit("bob", "other", &created.id, &changed, None).await,
+        store.update_consumer_limit(Actor::operator("bob"), "other", &created.id, &changed, None).await,
         Err(StoreError::NotFound { .. })
     ));
 
     let mut bad = input.clone();
     bad.per_minute = 0;
     assert!(
-        matches!(store.create_consumer_limit("a", "acme", &bad).await, Err(StoreError::Invalid { field, .. }) if field == "per_minute")
+        matches!(store.create_consumer_limit(Actor::operator("a"), "acme", &bad).await, Err(StoreError::Invalid { field, .. }) if field == "per_minute")
     );
     bad = input.clone();
     bad.to = Some("2025-01-01T00:00:00Z".into());
     assert!(
-        matches!(store.create_consumer_limit("a", "acme", &bad).await, Err(StoreError::Invalid { field, .. }) if field == "to")
+        matches!(store.create_consumer_limit(Actor::operator("a"), "acme", &bad).await, Err(StoreError::Invalid { field, .. }) if field == "to")
     );
     bad = input.clone();
     bad.from = Some("yesterday".into());
     assert!(
-        matches!(store.create_consumer_limit("a", "acme", &bad).await, Err(StoreError::Invalid { field, .. }) if field == "from")
+        matches!(store.create_consumer_limit(Actor::operator("a"), "acme", &bad).await, Err(StoreError::Invalid { field, .. }) if field == "from")
     );
 
-    store.delete_consumer_limit("carol", "acme", &created.id, None).await.unwrap();
+    store.delete_consumer_limit(Actor::operator("carol"), "acme", &created.id, None).await.unwrap();
     assert!(store.consumer_limits("acme").await.unwrap().is_empty());
     let audit = store.audit(&Page::default()).await.unwrap();
-    assert_eq!(audit[0].kind, "consumer_limit");
+    assert_eq!(audit[0].kind, tollgate_store::ItemKind::ConsumerLimit);
     assert_eq!(audit[0].action, "delete");
 }
 
@@ -228,7 +241,7 @@ async fn sqlite_file_is_created_and_reopened() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("sub.db").display());
     let store = Store::connect(&url).await.unwrap();
-    store.create_policy("alice", "kept", &input(1, &[])).await.unwrap();
+    store.create_policy(Actor::operator("alice"), "kept", &input(1, &[])).await.unwrap();
     drop(store);
     let again = Store::connect(&url).await.unwrap();
     assert_eq!(again.get_policy("kept").await.unwrap().version, 1);

@@ -153,7 +153,8 @@ fn main() -> ExitCode {
         Command::Consumer { remote, command } => run(client::consumer(remote, command)),
         Command::Token(TokenCommand::Create { name, role, apps, database }) => run(async move {
             let store = tollgate_store::Store::connect(&database.url).await?;
-            let (token, secret) = store.create_token("cli", &name, role, apps).await?;
+            let (token, secret) =
+                store.create_token(tollgate_store::Actor::operator("cli"), &name, role, apps).await?;
             eprintln!("created {} token {:?}; its secret is shown once:", token.role.as_str(), token.name);
             println!("{secret}");
             Ok(())

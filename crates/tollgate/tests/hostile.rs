@@ -330,15 +330,16 @@ fn http_catalogue() -> Vec<HttpCase> {
     cases
 }
 
-/// Management API cases, with an admin token.
+/// Management API cases, with an admin token (and, for issue 18's scope cases, an unrestricted
+/// viewer and an admin limited to the app `shop`).
 #[rustfmt::skip]
-fn admin_catalogue(token: &str) -> Vec<HttpCase> {
+fn admin_catalogue(token: &str, viewer: &str, shop_admin: &str) -> Vec<HttpCase> {
     let auth = |c: HttpCase| HttpCase { headers: vec![("authorization", format!("Bearer {token}").into_bytes())], ..c };
     let policy = |name: &str, rules: &str| format!(r#"{{"name": {name}, "rules": [{rules}]}}"#);
     let fw = r#"{"algorithm": "fixed_window", "limit": 1, "period": "1h"}"#;
     let limits = |member: &str| format!(r#"{{"per_second": 1{member}}}"#);
     let (policies, consumer) = ("/v1/admin/policies", "/v1/admin/consumers/hostile/limits");
-    vec![
+    let mut cases = vec![
         auth(bad("admin policy named victim (the file's)", policies, policy(r#""victim""#, fw), 409)),
         auth(bad("admin policy name with braces", policies, policy(r#""a{b}""#, fw), 400)),
         auth(bad("admin policy name with CRLF", policies, policy(r#""a\r\nlocation: http://evil""#, fw), 400)),
@@ -379,7 +380,48 @@ fn admin_catalogue(token: &str) -> Vec<HttpCase> {
             method: "GET",
             ..bad("admin two authorization headers", policies, "", 401)
         },
-    ]
+    ];
+    // Issue 18, management API scope and authorisation: the role is checked before the path,
+    // query or body are read; a scoped admin reaches nothing beyond its apps (the store checks
+    // the target row inside the write's transaction); the Bearer scheme is matched in any case
+    // and no other scheme passes; the console's refusals are problems.
+    let header = |name: &'static str, value: String| (name, value.into_bytes());
+    let as_viewer = |c: HttpCase| HttpCase { headers: vec![header("authorization", format!("Bearer {viewer}"))], ..c };
+    let as_shop_admin = |c: HttpCase| HttpCase { headers: vec![header("authorization", format!("bearer {shop_admin}"))], ..c };
+    let with_auth = |value: String, c: HttpCase| HttpCase { headers: vec![header("authorization", value)], ..c };
+    let get = |c: HttpCase| HttpCase { method: "GET", ..c };
+    let delete = |c: HttpCase| HttpCase { method: "DELETE", ..c };
+    let put = |c: HttpCase| HttpCase { method: "PUT", ..c };
+    let six = r#"{"per_second": 1, "per_minute": -1, "per_hour": -1, "per_day": -1, "per_week": -1, "per_month": -1}"#;
+    cases.extend([
+        get(bad("console asset of invalid UTF-8", "/console/assets/%ff", "", 404)),
+        get(bad("console asset of invalid UTF-8 with a known suffix", "/console/assets/%C0%AFapp.js", "", 404)),
+        get(bad("console asset unknown", "/console/assets/evil.js", "", 404)),
+        get(with_auth("BEARER tg_0000".into(), bad("admin BEARER scheme, unknown token", policies, "", 401))),
+        get(with_auth(format!("Basic {token}"), bad("admin Basic scheme with a real token", policies, "", 401))),
+        get(with_auth(format!("Bearer\t{token}"), bad("admin Bearer and a tab", policies, "", 401))),
+        get(with_auth(format!("Bearer{token}"), bad("admin Bearer without a space", policies, "", 401))),
+        get(with_auth(format!("Bearers {token}"), bad("admin Bearers scheme", policies, "", 401))),
+        bad("admin stranger's malformed policy", policies, r#"{"rules": ["#, 401),
+        HttpCase { content_type: Some("text/plain"), ..bad("admin stranger's policy as text", policies, "x", 401) },
+        as_viewer(bad("admin viewer's malformed policy", policies, r#"{"rules": ["#, 403)),
+        as_viewer(HttpCase { content_type: Some("text/plain"), ..bad("admin viewer's policy as text", policies, "x", 403) }),
+        as_viewer(put(bad("admin viewer's update at a path of invalid UTF-8", "/v1/admin/policies/%FF", "{", 403))),
+        as_viewer(bad("admin viewer's consumer limit with an unknown member", consumer, r#"{"colour": 1}"#, 403)),
+        as_viewer(bad("admin viewer's token of role root", "/v1/admin/tokens", r#"{"name": "evil", "role": "root"}"#, 403)),
+        as_viewer(get(bad("admin viewer's tokens page of NaN", "/v1/admin/tokens?limit=NaN", "", 403))),
+        as_viewer(delete(bad("admin viewer revokes the admin", "/v1/admin/tokens/hostile", "", 403))),
+        as_shop_admin(delete(bad("admin scoped admin revokes the unrestricted admin", "/v1/admin/tokens/hostile", "", 403))),
+        as_shop_admin(bad("admin scoped admin mints an unrestricted admin", "/v1/admin/tokens", r#"{"name": "escalate", "role": "admin"}"#, 403)),
+        as_shop_admin(bad("admin scoped admin mints a token of another app", "/v1/admin/tokens", r#"{"name": "escalate", "role": "admin", "apps": ["shop", "blog"]}"#, 403)),
+        as_shop_admin(bad("admin scoped admin creates a global policy", policies, policy(r#""escalate""#, fw), 403)),
+        as_shop_admin(bad("admin scoped admin sets a consumer limit", consumer, six, 403)),
+        as_shop_admin(put(bad("admin scoped admin moves a policy to no app", "/v1/admin/policies/hostile-global", format!(r#"{{"rules": [{fw}]}}"#), 403))),
+        as_shop_admin(delete(bad("admin scoped admin deletes a global policy", "/v1/admin/policies/hostile-global", "", 403))),
+        as_shop_admin(get(bad("admin scoped admin reads the inline callers", "/v1/admin/live/policies/inline", "", 404))),
+        as_shop_admin(get(bad("admin scoped admin reads the anonymous callers", "/v1/admin/live/policies/anonymous", "", 404))),
+    ]);
+    cases
 }
 
 /// Sends one case; answers the status, the headers and the body.
@@ -852,6 +894,9 @@ struct Run {
     client: RateLimitServiceClient<Channel>,
     channel: Channel,
     token: String,
+    /// Issue 18: an unrestricted viewer, and an admin limited to the app `shop`.
+    viewer: String,
+    shop_admin: String,
     _dir: tempfile::TempDir,
 }
 
@@ -861,6 +906,8 @@ async fn start(redis: Option<&tollgate_testkit::RedisServer>) -> Run {
     std::fs::write(&yaml, YAML).unwrap();
     let database = format!("sqlite://{}", dir.path().join("tollgate.db").display());
     let token = common::bootstrap_token(&database, "hostile", "admin", None);
+    let viewer = common::bootstrap_token(&database, "hostile-viewer", "viewer", None);
+    let shop_admin = common::bootstrap_token(&database, "hostile-shop-admin", "admin", Some("shop"));
     let listen = format!("127.0.0.1:{}", tollgate_testkit::free_port());
     let mut args =
         vec!["--grpc-listen", &listen, "--envoy-config", yaml.to_str().unwrap(), "--database", &database];
@@ -871,7 +918,17 @@ async fn start(redis: Option<&tollgate_testkit::RedisServer>) -> Run {
     let server = Tollgate::start(CONFIG, &args).await;
     let channel = Channel::from_shared(format!("http://{listen}")).unwrap().connect().await.unwrap();
     let client = RateLimitServiceClient::new(channel.clone());
-    Run { server, client, channel, token, _dir: dir }
+    // Issue 18: a global policy for the scoped admin's attempts on it.
+    let r = server
+        .client
+        .post(server.url("/v1/admin/policies"))
+        .bearer_auth(&token)
+        .json(&json!({"name": "hostile-global", "rules": [{"algorithm": "fixed_window", "limit": 1, "period": "1h"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    Run { server, client, channel, token, viewer, shop_admin, _dir: dir }
 }
 
 /// Spends the victims' quotas, runs every catalogue, and checks the victims after. Answers the
@@ -907,7 +964,7 @@ async fn run_catalogue(run: &mut Run, backend: &str) -> Vec<String> {
 
     // HTTP.
     let mut http = http_catalogue();
-    http.extend(admin_catalogue(&run.token));
+    http.extend(admin_catalogue(&run.token, &run.viewer, &run.shop_admin));
     counts[0] = http.len();
     let mut names: Vec<&str> = http.iter().map(|c| c.name.as_str()).collect();
     names.sort_unstable();
