@@ -235,3 +235,38 @@ async fn old_per_unit_state_is_never_read() {
     let ttl: i64 = server.command(&["PTTL", old_log]);
     assert!(ttl > 0 && ttl <= 61_000);
 }
+
+/// A log whose running totals have grown past 2^50 (years of traffic without ever emptying) is
+/// rebased to 0 on its next call, and counts on exactly.
+#[tokio::test]
+async fn running_totals_are_rebased_before_they_lose_precision() {
+    let server = RedisServer::start();
+    let clock = ManualClock::at_wall_clock_second();
+    let redis = backend(&server, &clock);
+    let rules = RuleSet::new([Rule::sliding_window_log(1_000, Period::SECOND)]).unwrap();
+    let key = &redis.state_keys("old", &rules)[0];
+    let now = clock.now().as_micros();
+    let base = 1u64 << 50;
+    // base + 10, then 2 units at now - 2 ms and 3 at now - 1 ms
+    let (b, t1, t2) = ((base + 10).to_string(), (base + 12).to_string(), (base + 15).to_string());
+    let _: i64 = server.command(&[
+        "ZADD",
+        key,
+        &b,
+        "b",
+        &t1,
+        &(now - 2_000).to_string(),
+        &t2,
+        &(now - 1_000).to_string(),
+    ]);
+    let _: i64 = server.command(&["PEXPIRE", key, "5000"]);
+    let d = redis.check("old", &rules, 1).await.unwrap();
+    assert_eq!(d.remaining(), 1_000 - 6);
+    let score = |member: &str| -> String { server.command(&["ZSCORE", key, member]) };
+    assert_eq!(score("b"), "0");
+    assert_eq!(score(&(now - 1_000).to_string()), "5");
+    assert_eq!(score(&now.to_string()), "6");
+    // the units of 2 ms ago leave first
+    clock.advance(Duration::from_micros(998_001));
+    assert_eq!(redis.check("old", &rules, 0).await.unwrap().remaining(), 1_000 - 4);
+}
