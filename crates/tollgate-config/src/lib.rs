@@ -95,7 +95,32 @@ pub struct ServerSettings {
     pub json_logs: bool,
     /// Most requests held at once by `on_limit = "delay"` policies.
     pub max_delayed: usize,
+    /// The most bytes the state of one key under a request's inline rules may take at worst
+    /// ([`RuleSet::worst_case_state`](tollgate_core::RuleSet::worst_case_state)); a request
+    /// whose inline `limits` (or inline concurrency `limit` and `lease`) could store more is
+    /// refused. Policies from the file or the database are not held to it.
+    pub max_request_state: u64,
+    /// Whether requests may bring their own rules (`limits` in `/v1/check` and `/v1/reset`,
+    /// `limit` and `lease` in `/v1/acquire` and `/v1/release`). When false, only configured and
+    /// stored policies are applied.
+    pub inline_limits: bool,
 }
+
+/// The default `[server] max_request_state`: 256 KiB.
+///
+/// Rules with constant state (fixed window, sliding window counter, token bucket, GCRA) take
+/// about 64 bytes each, so any inline set of them fits many times over. The state that grows
+/// is a sliding log's (130 bytes per entry, up to its limit) and a concurrency rule's (290
+/// bytes per lease, up to its limit): 256 KiB holds logs totalling about 2,000 entries, or
+/// about 900 leases, per key. Issue 18's request (16 logs of 10,000 over a year, 20.8 MB per
+/// key at worst) is refused, as is an inline concurrency limit of 10,000 (2.9 MB). Larger
+/// limits belong in a configured policy, which an operator sized on purpose; a key this size
+/// is still one Redis expires or deletes in well under a millisecond.
+pub const DEFAULT_MAX_REQUEST_STATE: u64 = 256 * 1024;
+
+/// The values `[server] max_request_state` may take: from 1 KiB, below which even a few fixed
+/// windows would not fit, to 1 GiB.
+pub const MAX_REQUEST_STATE_RANGE: std::ops::RangeInclusive<u64> = 1024..=1 << 30;
 
 /// Where rule states live.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -46,6 +46,8 @@ struct ServerSection {
     reset_header: ResetHeader,
     json_logs: bool,
     max_delayed: usize,
+    max_request_state: Spanned<u64>,
+    inline_limits: bool,
 }
 
 impl Default for ServerSection {
@@ -55,6 +57,8 @@ impl Default for ServerSection {
             reset_header: ResetHeader::Delta,
             json_logs: false,
             max_delayed: LimiterSettings::default().max_delayed,
+            max_request_state: Spanned::new(0..0, crate::DEFAULT_MAX_REQUEST_STATE),
+            inline_limits: true,
         }
     }
 }
@@ -138,6 +142,18 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
     if !(1..=100_000).contains(&server.max_delayed) {
         return Err(err(0..0, "server.max_delayed must be between 1 and 100000".into()));
     }
+    let max_request_state = *server.max_request_state.get_ref();
+    if !crate::MAX_REQUEST_STATE_RANGE.contains(&max_request_state) {
+        return Err(err(
+            server.max_request_state.span(),
+            format!(
+                "server.max_request_state = {max_request_state} bytes: it must be between {} (the \
+                 state of a few fixed windows) and {} (1 GiB)",
+                crate::MAX_REQUEST_STATE_RANGE.start(),
+                crate::MAX_REQUEST_STATE_RANGE.end()
+            ),
+        ));
+    }
 
     let backend = &file.backend;
     let url = backend.url.as_ref().map(|u| u.get_ref().clone());
@@ -192,6 +208,8 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
             reset_header: server.reset_header,
             json_logs: server.json_logs,
             max_delayed: server.max_delayed,
+            max_request_state,
+            inline_limits: server.inline_limits,
         },
         backend: BackendSettings {
             kind: *backend.kind.get_ref(),
@@ -291,6 +309,20 @@ mod tests {
             policy.on_limit,
             tollgate_limiter::OnLimit::Delay { max_wait: std::time::Duration::from_millis(250) }
         );
+    }
+
+    #[test]
+    fn the_inline_state_budget_and_switch() {
+        let c = parse("", "t").unwrap();
+        assert_eq!(c.server.max_request_state, crate::DEFAULT_MAX_REQUEST_STATE);
+        assert!(c.server.inline_limits);
+        let c = parse("[server]\nmax_request_state = 4096\ninline_limits = false\n", "t").unwrap();
+        assert_eq!((c.server.max_request_state, c.server.inline_limits), (4096, false));
+        let e = error("[server]\ninline_limits = false\nmax_request_state = 10\n");
+        assert_eq!(e.line(), Some(3), "{e}");
+        assert!(e.to_string().contains("server.max_request_state = 10 bytes"), "{e}");
+        assert_eq!(error("[server]\n\nmax_request_state = -1\n").line(), Some(3));
+        assert_eq!(error("[server]\ninline_limits = \"no\"\n").line(), Some(2));
     }
 
     #[test]

@@ -6,10 +6,14 @@
 /// Far below 2^53, so sums of counts stay exact in the Lua twins, whose numbers are doubles.
 pub const MAX_COUNT: u64 = 1_000_000_000_000;
 
-/// Largest `limit` of a `sliding_window_log` rule: the log stores one entry per admitted unit.
+/// Largest `limit` of a `sliding_window_log` rule: the log stores one entry per distinct time
+/// a unit was admitted at, so up to one per unit when units come one per microsecond (see
+/// [`footprint`](crate::footprint) for what that costs, and the budget servers hold inline
+/// rules to).
 pub const MAX_LOG_LIMIT: u64 = 10_000;
 
-/// Largest `limit` of a `concurrency` rule: leases are stored one entry per held unit.
+/// Largest `limit` of a `concurrency` rule: leases are stored one entry per lease, so up to one
+/// per unit when every lease holds one.
 pub const MAX_CONCURRENCY_LIMIT: u64 = 10_000;
 
 /// Most rules in one [`RuleSet`](crate::RuleSet).

@@ -47,7 +47,8 @@ pub enum RuleKind {
         align: Align,
     },
     /// At most `limit` units in any interval of length `period`, exactly; stores one entry per
-    /// admitted unit, so `limit` is capped at [`MAX_LOG_LIMIT`](crate::limits::MAX_LOG_LIMIT).
+    /// distinct time units were admitted at (up to one per unit), so `limit` is capped at
+    /// [`MAX_LOG_LIMIT`](crate::limits::MAX_LOG_LIMIT).
     SlidingWindowLog {
         /// Units admitted per sliding period.
         limit: u64,

@@ -258,7 +258,7 @@ mod tests {
         ])
         .unwrap();
         let slots: Vec<_> = six.state_slots().collect();
-        assert!(matches!(slots[1], StateSlot::Own { signature: "swl:1:1000000" }));
+        assert!(matches!(slots[1], StateSlot::Own { signature: "swl2:1:1000000" }));
         let prefixes: Vec<_> = slots
             .iter()
             .filter_map(|s| match s {

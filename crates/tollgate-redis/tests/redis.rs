@@ -224,7 +224,7 @@ async fn keys_are_prefixed_tagged_and_named_by_rule() {
     backend.check("user:{1}", &rules, 1).await.unwrap();
     let mut keys = server.keys();
     keys.sort();
-    assert_eq!(keys, ["app:{user:%7B1%7D}:h", "app:{user:%7B1%7D}:swl:1:1000000"]);
+    assert_eq!(keys, ["app:{user:%7B1%7D}:h", "app:{user:%7B1%7D}:swl2:1:1000000"]);
     assert_eq!(keys, {
         let mut k = backend.state_keys("user:{1}", &rules);
         k.sort();

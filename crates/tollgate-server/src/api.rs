@@ -53,7 +53,9 @@ pub struct CheckRequest {
     /// file (`fixed_window`: limit, period; `sliding_window_log`: limit, period;
     /// `sliding_window_counter`: limit, period; `token_bucket`: capacity, refill, per; `gcra`:
     /// limit, period, burst), with an optional `name`. Durations are "250ms", "1s", "1h", "7d" or
-    /// milliseconds.
+    /// milliseconds. Refused (400, `state-too-large`) when one key's state under them could
+    /// exceed `[server] max_request_state` (256 KiB by default: sliding logs take 130 bytes per
+    /// unit of limit), and (403) when the server has `[server] inline_limits = false`.
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub limits: Option<Vec<Rule>>,
@@ -71,7 +73,8 @@ pub struct AcquireRequest {
     /// A policy with a concurrency rule. Give this or `limit` and `lease`.
     #[serde(default)]
     pub policy: Option<String>,
-    /// Inline: units held at once (1 to 10000).
+    /// Inline: units held at once (1 to 10000, and within `[server] max_request_state`: 290
+    /// bytes per lease, so about 900 by default).
     #[serde(default)]
     pub limit: Option<u64>,
     /// Inline: how long an unreleased lease holds its units ("30s").
@@ -227,15 +230,42 @@ pub(crate) fn respond(state: &AppState, policy: &Policy, verdict: &Verdict, body
     response
 }
 
-fn inline_policy(rules: Vec<Rule>) -> Result<Arc<Policy>, Problem> {
+/// What a request will do with inline rules: store state under them (check, acquire), or only
+/// shrink or drop it (release, reset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum InlineUse {
+    /// Held to `[server] max_request_state`.
+    Stores,
+    /// Not held to it: state stored under a budget since lowered must still be releasable and
+    /// resettable.
+    Shrinks,
+}
+
+/// The one gate of inline rules: refused when the server takes none (403), invalid (400 naming
+/// the rule's field), or, when the request stores state, when one key's state could exceed the
+/// budget (400). `field` is where the rules were given.
+fn inline_policy(
+    state: &AppState,
+    rules: Vec<Rule>,
+    field: &str,
+    to: InlineUse,
+) -> Result<Arc<Policy>, Problem> {
+    let server = &state.config.load().server;
+    if !server.inline_limits {
+        return Err(Problem::inline_limits_disabled(field));
+    }
     if rules.len() > MAX_INLINE_RULES {
         return Err(Problem::invalid(
-            "limits",
+            field,
             format!("{} rules given; at most {MAX_INLINE_RULES} are allowed in one request", rules.len()),
         ));
     }
     let rules =
-        RuleSet::new(rules).map_err(|e| Problem::invalid(rule_error_field(&e, "limits"), e.to_string()))?;
+        RuleSet::new(rules).map_err(|e| Problem::invalid(rule_error_field(&e, field), e.to_string()))?;
+    let footprint = rules.worst_case_state();
+    if to == InlineUse::Stores && footprint > server.max_request_state {
+        return Err(Problem::state_too_large(field, footprint, server.max_request_state));
+    }
     Ok(Arc::new(Policy::enforce(INLINE_POLICY, rules)))
 }
 
@@ -244,6 +274,7 @@ fn resolve(
     state: &AppState,
     policy: Option<&str>,
     limits: Option<Vec<Rule>>,
+    to: InlineUse,
 ) -> Result<Arc<Policy>, Problem> {
     match (policy, limits) {
         (Some(_), Some(_)) => {
@@ -251,7 +282,7 @@ fn resolve(
         }
         (None, None) => Err(Problem::invalid("policy", "give a policy name, or inline rules in limits")),
         (Some(name), None) => state.policy(name).ok_or_else(|| Problem::unknown_policy(name)),
-        (None, Some(rules)) => inline_policy(rules),
+        (None, Some(rules)) => inline_policy(state, rules, "limits", to),
     }
 }
 
@@ -261,6 +292,7 @@ fn resolve_lease(
     policy: Option<&str>,
     limit: Option<u64>,
     lease: Option<Period>,
+    to: InlineUse,
 ) -> Result<Arc<Policy>, Problem> {
     let policy = match (policy, limit, lease) {
         (Some(_), Some(_), _) => {
@@ -269,9 +301,10 @@ fn resolve_lease(
         (Some(_), _, Some(_)) => {
             return Err(Problem::invalid("lease", "give either a policy or lease, not both"));
         }
-        (Some(name), None, None) => resolve(state, Some(name), None)?,
+        (Some(name), None, None) => resolve(state, Some(name), None, to)?,
         (None, Some(limit), Some(lease)) => {
-            inline_policy(vec![Rule::concurrency(limit, lease).named("concurrency")])
+            inline_policy(state, vec![Rule::concurrency(limit, lease).named("concurrency")], "limit", to)
+                // a rule error names `limit[0].limit`: the request's field is `limit`
                 .map_err(|p| Problem { field: Some("limit".into()), ..p })?
         }
         (None, None, _) => {
@@ -386,7 +419,7 @@ pub async fn check(
     };
     caller_key(&key)?;
     let field = rules_field(&req.policy);
-    let policy = resolve(&state, req.policy.as_deref(), req.limits)?;
+    let policy = resolve(&state, req.policy.as_deref(), req.limits, InlineUse::Stores)?;
     let verdict = state.limiter.check(&key, &policy, req.cost).await.map_err(|e| limit_problem(e, field))?;
     state.live.record(&policy.name, &key, req.cost, &verdict);
     Ok(decision_response(&state, &policy, &verdict, None))
@@ -408,7 +441,7 @@ pub async fn acquire(
     ApiJson(req): ApiJson<AcquireRequest>,
 ) -> Result<Response, Problem> {
     caller_key(&req.key)?;
-    let policy = resolve_lease(&state, req.policy.as_deref(), req.limit, req.lease)?;
+    let policy = resolve_lease(&state, req.policy.as_deref(), req.limit, req.lease, InlineUse::Stores)?;
     let (verdict, lease) = state
         .limiter
         .acquire(&req.key, &policy, req.cost)
@@ -433,7 +466,7 @@ pub async fn release(
     ApiJson(req): ApiJson<ReleaseRequest>,
 ) -> Result<Response, Problem> {
     caller_key(&req.key)?;
-    let policy = resolve_lease(&state, req.policy.as_deref(), req.limit, req.lease)?;
+    let policy = resolve_lease(&state, req.policy.as_deref(), req.limit, req.lease, InlineUse::Shrinks)?;
     let id: LeaseId = req
         .lease_id
         .parse()
@@ -471,7 +504,7 @@ pub async fn reset(
 ) -> Result<StatusCode, Problem> {
     caller_key(&req.key)?;
     let field = rules_field(&req.policy);
-    let policy = resolve(&state, req.policy.as_deref(), req.limits)?;
+    let policy = resolve(&state, req.policy.as_deref(), req.limits, InlineUse::Shrinks)?;
     state.limiter.reset(&req.key, &policy.rules).await.map_err(|e| limit_problem(e, field))?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -52,6 +52,42 @@ impl Problem {
         p
     }
 
+    /// 400: inline rules whose state for one key could take more than the server's budget
+    /// (`[server] max_request_state`); `field` is where the rules are (`limits`, or `limit` for
+    /// an inline concurrency rule).
+    pub fn state_too_large(field: impl Into<String>, footprint: u64, budget: u64) -> Self {
+        let mut p = Self::new(
+            StatusCode::BAD_REQUEST,
+            "state-too-large",
+            "Inline rules could store too much",
+            format!(
+                "these inline rules could store up to {footprint} bytes of state per key, above this \
+                 server's budget of {budget} bytes ([server] max_request_state): sliding logs take \
+                 about {} bytes per unit of limit and concurrency rules {} per lease; lower the \
+                 limits, use sliding_window_counter or another constant-size algorithm, or name a \
+                 configured policy",
+                tollgate_core::footprint::LOG_ENTRY_BYTES,
+                tollgate_core::footprint::LEASE_BYTES,
+            ),
+        );
+        p.field = Some(field.into());
+        p
+    }
+
+    /// 403: this server takes no inline rules (`[server] inline_limits = false`); `field` is
+    /// where they were given.
+    pub fn inline_limits_disabled(field: impl Into<String>) -> Self {
+        let mut p = Self::new(
+            StatusCode::FORBIDDEN,
+            "inline-limits-disabled",
+            "Inline rules are disabled",
+            "this server applies only its configured policies ([server] inline_limits = false): \
+             name a policy instead of giving rules",
+        );
+        p.field = Some(field.into());
+        p
+    }
+
     /// 400: the body is not JSON at all.
     pub fn malformed(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "malformed-body", "Malformed JSON body", detail)

@@ -361,7 +361,14 @@ async fn no_bad_request_is_a_server_error_and_the_server_keeps_answering() {
 
 #[tokio::test]
 async fn values_at_the_bounds_are_accepted() {
-    let server = Tollgate::start_builtin(&[]).await;
+    // The built-in configuration with a state budget that fits the engine's largest inline rules
+    // (a log or a concurrency limit of 10,000: up to 2.9 MB per key); under the default budget
+    // they are refused (tests/state_budget.rs).
+    let builtin =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tollgate.example.toml")).unwrap();
+    assert!(builtin.contains("max_request_state = 262144"));
+    let config = builtin.replace("max_request_state = 262144", "max_request_state = 4194304");
+    let server = Tollgate::start(&config, &[]).await;
     let rule_of_name = |len: usize| {
         one_rule(&format!(
             r#"{{"name": "{}", "algorithm": "fixed_window", "limit": 1, "period": "1h"}}"#,

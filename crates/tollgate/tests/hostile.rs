@@ -327,6 +327,22 @@ fn http_catalogue() -> Vec<HttpCase> {
         content_type: None,
         ..bad("content-type with a non-ASCII byte", check, plain, 415)
     });
+    // Issue 18, cost model: inline rules whose state for one key could exceed
+    // `[server] max_request_state` (256 KiB by default) are refused before any state is stored.
+    let logs = |n: usize, limit: u64, period: &str, cost: u64| {
+        let rules: Vec<Value> = (0..n)
+            .map(|i| json!({"algorithm": "sliding_window_log", "limit": limit - i as u64, "period": period}))
+            .collect();
+        json!({"key": "hostile-state", "limits": rules, "cost": cost}).to_string()
+    };
+    cases.extend([
+        bad("16 year-long logs of 10,000, cost 10,000 (20.8 MB)", check, logs(16, 10_000, "365d", 10_000), 400),
+        bad("16 logs of 10,000 over 1ms (1,000 entries each)", check, logs(16, 10_000, "1ms", 1), 400),
+        bad("one year-long log of 10,000 (1.3 MB)", check, logs(1, 10_000, "365d", 1), 400),
+        bad("peek under 16 huge logs", check, logs(16, 10_000, "365d", 0), 400),
+        bad("acquire inline limit 10,000 (2.9 MB of leases)", acquire, r#"{"key": "hostile-state", "limit": 10000, "lease": "365d", "cost": 10000}"#, 400),
+        bad("acquire inline limit 1,000", acquire, r#"{"key": "hostile-state", "limit": 1000, "lease": "1s"}"#, 400),
+    ]);
     cases
 }
 

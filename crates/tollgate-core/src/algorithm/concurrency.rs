@@ -4,8 +4,9 @@
 //! that is never released (its holder crashed) stops counting `lease` after it was taken, so
 //! capacity cannot leak for longer than that.
 //!
-//! Lua twin: `concurrency.lua`. Redis state: a sorted set with one member per held unit,
-//! `"<lease id>:<n>"`, scored by the lease's expiry.
+//! Lua twin: `concurrency.lua`. Redis state: a sorted set with two members per lease (never one
+//! per unit), `"<lease id>"` and `"<lease id>=<units>"`, scored by the lease's expiry, and the
+//! total of units held (see the `.lua` file).
 
 use std::collections::BTreeMap;
 

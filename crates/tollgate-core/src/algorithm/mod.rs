@@ -160,7 +160,13 @@ impl Algo {
     }
 
     /// The state's identity: algorithm and parameters, so a changed rule never reads the state
-    /// of the old one.
+    /// of the old one; and, where the stored form of an algorithm's state changed, its version.
+    ///
+    /// Sliding logs and concurrency leases are at version 2 (`swl2`, `cc2`): their Redis sets
+    /// now hold one member per distinct time or per lease, where version 1 (`swl`, `cc`) held
+    /// one per unit. An upgraded Tollgate never reads a version-1 set (it would miscount it, and
+    /// a version-1 Tollgate still running beside it in a rolling upgrade would miscount a
+    /// version-2 one); the old keys expire by their TTL, at most one period or lease later.
     pub(crate) fn signature(kind: &RuleKind) -> String {
         match *kind {
             RuleKind::FixedWindow { limit, period, align: Align::Clock } => {
@@ -170,7 +176,7 @@ impl Algo {
                 format!("fwh:{limit}:{}", period.as_micros())
             }
             RuleKind::SlidingWindowLog { limit, period } => {
-                format!("swl:{limit}:{}", period.as_micros())
+                format!("swl2:{limit}:{}", period.as_micros())
             }
             RuleKind::SlidingWindowCounter { limit, period } => {
                 format!("swc:{limit}:{}", period.as_micros())
@@ -181,7 +187,7 @@ impl Algo {
             RuleKind::Gcra { limit, period, burst } => {
                 format!("gcra:{limit}:{}:{burst}", period.as_micros())
             }
-            RuleKind::Concurrency { limit, lease } => format!("cc:{limit}:{}", lease.as_micros()),
+            RuleKind::Concurrency { limit, lease } => format!("cc2:{limit}:{}", lease.as_micros()),
         }
     }
 

@@ -1,13 +1,19 @@
 //! Sliding window log: exactly at most `limit` units in any interval of `period`.
 //!
 //! The log keeps the time of every admitted unit for one period, so it never admits more than
-//! `limit` in any sliding period, at the price of one entry per unit (hence
-//! [`MAX_LOG_LIMIT`](crate::limits::MAX_LOG_LIMIT)). An entry made at `t` counts while
-//! `now < t + period`.
+//! `limit` in any sliding period, at the price of up to one entry per unit when units come one
+//! per microsecond (hence [`MAX_LOG_LIMIT`](crate::limits::MAX_LOG_LIMIT)). An entry made at `t`
+//! counts while `now < t + period`.
 //!
-//! Lua twin: `sliding_window_log.lua`. Redis state: a sorted set, one member per unit, scored by
-//! its time; members are `"<time>:<ordinal>"` with the ordinal zero-padded, so that among units of
-//! the same microsecond the newest sorts last (refunds take the newest first).
+//! The log counts units per time: one entry per distinct microsecond, never one per unit, so a
+//! check of any cost adds at most one entry and a log holds at most `min(limit, period in
+//! microseconds)` entries (see [`RuleSet::worst_case_state`](crate::RuleSet::worst_case_state)).
+//! Entries are made at `max(now, newest entry)`: times only grow along the log, which the Lua
+//! twin's running totals rely on, and a clock stepping back cannot date units earlier.
+//!
+//! Lua twin: `sliding_window_log.lua`. Redis state: a sorted set of one member per entry, its
+//! time, scored by the running total of units admitted through it, and a base member scored by
+//! the running total before the oldest entry (see the `.lua` file for why).
 
 use std::collections::BTreeMap;
 
@@ -59,7 +65,8 @@ impl SlidingWindowLog {
     }
 
     pub fn consume(&self, s: &mut State, now: i64, n: u64) {
-        *s.units.entry(now).or_default() += n;
+        let at = Self::newest(s).map_or(now, |newest| newest.max(now));
+        *s.units.entry(at).or_default() += n;
         s.total += n;
     }
 
