@@ -29,7 +29,7 @@ mod deny_cache;
 mod keys;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -46,6 +46,12 @@ use crate::conn::Connections;
 use crate::deny_cache::DenyCache;
 
 pub use keys::PrefixError;
+
+/// The reset script's source (see the file for its arguments).
+const RESET_LUA: &str = include_str!("reset.lua");
+
+/// The reset script, with its SHA1 computed once.
+static RESET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RESET_LUA));
 
 /// Why a backend could not be configured.
 #[derive(Debug, thiserror::Error)]
@@ -252,10 +258,6 @@ impl Shared {
             .collect()
     }
 
-    async fn connection(&self) -> Result<conn::Conn, Error> {
-        self.bounded(self.connections.next()).await
-    }
-
     /// Runs `parts` (each on its key) in one script call.
     pub(crate) async fn run(&self, parts: &[(&str, ScriptPart<'_>)]) -> Result<Vec<Decision>, Error> {
         let now = self.clock.as_ref().map(|c| c.now());
@@ -376,21 +378,30 @@ impl Backend for RedisBackend {
             cache.forget(key, rules);
         }
         // Own keys go; in a shared hash only this set's fields do (other rule sets of the same
-        // key may keep theirs there). One MULTI, so a reset is never half done.
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        for (slot, state_key) in rules.state_slots().zip(self.shared.state_keys(key, rules)) {
+        // key may keep theirs there). One script call, sent as a check is: atomic, so a reset
+        // is never half done, and on a cluster it follows `ASK`, `MOVED`, `TRYAGAIN` and a
+        // fail-over as a check does (a `MULTI` sent by the cluster client followed none of
+        // them: its retries are off, see `Connections::open`).
+        let keys = self.shared.state_keys(key, rules);
+        let mut args: Vec<String> = Vec::new();
+        for slot in rules.state_slots() {
             match slot {
-                StateSlot::Own { .. } => pipe.cmd("DEL").arg(state_key).ignore(),
-                StateSlot::Shared { prefix, fields } => pipe
-                    .cmd("HDEL")
-                    .arg(state_key)
-                    .arg(fields.iter().map(|f| format!("{prefix}{f}")).collect::<Vec<_>>())
-                    .ignore(),
-            };
+                StateSlot::Own { .. } => args.push("0".to_owned()),
+                StateSlot::Shared { prefix, fields } => {
+                    args.push(fields.len().to_string());
+                    args.extend(fields.iter().map(|f| format!("{prefix}{f}")));
+                }
+            }
         }
-        let mut conn = self.shared.connection().await?;
-        self.shared.bounded(async move { pipe.query_async::<()>(&mut conn).await }).await
+        let call = |verb: &str, script: &str| {
+            let mut cmd = redis::cmd(verb);
+            cmd.arg(script).arg(keys.len()).arg(&keys).arg(&args);
+            cmd
+        };
+        let script = &*RESET_SCRIPT;
+        let (evalsha, eval) = (call("EVALSHA", script.get_hash()), || call("EVAL", RESET_LUA));
+        self.shared.bounded(self.shared.connections.script(evalsha, eval)).await?;
+        Ok(())
     }
 
     /// `PING` on every connection, each within the timeout: a connection that failed earlier
