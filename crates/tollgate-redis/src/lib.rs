@@ -146,8 +146,10 @@ impl RedisBackendBuilder {
         if !(1..=MAX_BATCH_PARTS).contains(&self.coalesce) {
             return Err(ConfigError::Coalesce(self.coalesce));
         }
+        let connection_failures = Arc::new(AtomicU64::new(0));
         let connections =
-            Connections::open(&self.url, self.timeout, self.connections).map_err(ConfigError::Url)?;
+            Connections::open(&self.url, self.timeout, self.connections, Arc::clone(&connection_failures))
+                .map_err(ConfigError::Url)?;
         // A script call on Redis Cluster may hold only one slot's keys, and operations of
         // different keys rarely share one: on a cluster each operation goes alone.
         let coalesce = if connections.is_cluster() { 1 } else { self.coalesce };
@@ -158,7 +160,7 @@ impl RedisBackendBuilder {
             prefix: self.prefix.into(),
             timeout: self.timeout,
             clock: self.clock,
-            connection_failures: AtomicU64::new(0),
+            connection_failures,
         });
         let coalescer = (coalesce > 1).then(|| Coalescer::start(Arc::clone(&shared), coalesce));
         Ok(RedisBackend { shared, coalescer, deny_cache })
@@ -182,10 +184,12 @@ pub(crate) struct Shared {
     prefix: Arc<str>,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
-    /// Connection failures seen so far. A connection that failed may come back to a Redis
-    /// that lost its state (restarted empty, or a replica promoted before it had every
+    /// Connection failures seen so far: calls that failed on a lost connection, and
+    /// connections the client saw close, even with no call on them (a Redis restarted while
+    /// every answer came from the deny cache). A connection that failed may come back to a
+    /// Redis that lost its state (restarted empty, or a replica promoted before it had every
     /// write), so a denial cached before the latest failure is no longer trusted.
-    connection_failures: AtomicU64,
+    connection_failures: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for RedisBackend {
