@@ -120,6 +120,8 @@ impl RedisBackendBuilder {
     /// Answer a key denied until T locally until T (default on): T is the denial's own
     /// `retry_after`, counted from when the request was sent, so no answer differs from what
     /// Redis would say, except after a reset or refund of that key through another instance.
+    /// Every cached denial is dropped when a connection to Redis is lost or seen to close (a
+    /// restarted Redis may have lost the counts behind it).
     /// Rule sets with concurrency leases are never cached. Off when a clock is injected (the
     /// cache runs on real time).
     pub fn deny_cache(mut self, enabled: bool) -> Self {
