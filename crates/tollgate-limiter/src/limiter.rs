@@ -401,6 +401,7 @@ impl Limiter {
     ) -> Result<(T, bool), LimitError> {
         let inner = &self.inner;
         let failure = if inner.breaker.state() == BreakerState::Closed {
+            let ticket = inner.breaker.ticket();
             let start = Instant::now();
             let result = primary.await;
             let backend = Arc::clone(&inner.backend_name);
@@ -415,7 +416,7 @@ impl Limiter {
                 Err(e) => {
                     metrics::counter!(m::BACKEND_ERRORS, "backend" => backend, "kind" => error_kind(&e))
                         .increment(1);
-                    if inner.breaker.record_failure() {
+                    if inner.breaker.record_failure(ticket) {
                         tracing::warn!(backend = %inner.backend_name, error = %e,
                             "backend failing; circuit breaker open, answering by the failure policy");
                         self.spawn_probe();

@@ -12,17 +12,27 @@
 //! `redis+sentinel://[user:password@]host1:port1,host2:port2/service` (the credentials are the
 //! Redis master's). The master is asked of the sentinels on first use and again after any
 //! failed call, so a fail-over is followed within a call or two.
+//!
+//! Every connection speaks RESP3 (Redis 6 and later; Tollgate needs 7.0), whatever the URL
+//! says, for one thing RESP2 cannot give: the client is told the moment a connection closes,
+//! not at its next use. The redis crate then reconnects at once, so the first call after a
+//! dropped connection does not fail on it; and the backend counts the loss
+//! ([`Connections::open`]'s `lost`), so denials cached from a Redis that may have restarted
+//! empty are dropped even when no call happens to fail.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+use redis::{
+    Cmd, ConnectionAddr, ErrorKind, IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo, PushKind,
+    RedisError, RedisFuture, ServerErrorKind, Value,
+};
 use tokio::sync::OnceCell;
 
 /// Where operations go.
@@ -130,18 +140,41 @@ fn cluster_parts(url: &str) -> Option<(String, &str)> {
     Some((format!("{scheme}://{credentials}"), hosts.trim_end_matches('/')))
 }
 
+/// A client for `url` that speaks RESP3 (see the module docs why).
+fn resp3_client(url: impl IntoConnectionInfo) -> Result<redis::Client, RedisError> {
+    let info = url.into_connection_info()?;
+    let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+    redis::Client::open(info.set_redis_settings(settings))
+}
+
 impl Connections {
     /// Connections for `url`, opened lazily. `timeout` bounds each call; `connections` is the
     /// number of multiplexed connections to a single Redis (a cluster gets one per node).
-    pub(crate) fn open(url: &str, timeout: Duration, connections: usize) -> Result<Self, RedisError> {
+    /// `lost` counts the connections seen to close (by the server, or the network), whether
+    /// or not a call was on them.
+    pub(crate) fn open(
+        url: &str,
+        timeout: Duration,
+        connections: usize,
+        lost: Arc<AtomicU64>,
+    ) -> Result<Self, RedisError> {
         // Connecting (a TLS handshake, on a loaded machine) may take longer than a call is
         // allowed to; calls still give up after `timeout`, and the connection goes on.
         let connect_timeout = timeout.max(Duration::from_secs(1));
+        let on_push = move |info: PushInfo| {
+            // The library's own notice that a connection ended (Tollgate subscribes to nothing,
+            // so it is the only push it gets).
+            if info.kind == PushKind::Disconnection {
+                lost.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<(), std::convert::Infallible>(())
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(1)
-            .set_max_delay(timeout);
+            .set_max_delay(timeout)
+            .set_push_sender(on_push.clone());
         if let (Some(nodes), Some((node_url_prefix, _))) = (cluster_nodes(url), cluster_parts(url)) {
             let client = ClusterClient::builder(nodes)
                 .connection_timeout(connect_timeout)
@@ -149,6 +182,8 @@ impl Connections {
                 // Script calls follow redirections in `Connections::script`, not here (see
                 // there why); a fail-over is retried there too, within the call's timeout.
                 .retries(0)
+                .use_protocol(ProtocolVersion::RESP3)
+                .push_sender(on_push)
                 .build()?;
             let cluster = Cluster {
                 client,
@@ -165,7 +200,8 @@ impl Connections {
                 RedisError::from((redis::ErrorKind::InvalidClientConfig, "invalid Sentinel URL", e))
             })?;
             // Asking the sentinels is bounded by each call's own timeout.
-            let mut builder = SentinelClientBuilder::new(addresses, service, SentinelServerType::Master)?;
+            let mut builder = SentinelClientBuilder::new(addresses, service, SentinelServerType::Master)?
+                .set_client_to_redis_protocol(ProtocolVersion::RESP3);
             if let Some((user, password)) = credentials {
                 if !user.is_empty() {
                     builder = builder.set_client_to_redis_username(user);
@@ -180,7 +216,7 @@ impl Connections {
             };
             return Ok(Connections::Sentinel(Box::new(sentinel)));
         }
-        let client = redis::Client::open(url)?;
+        let client = resp3_client(url)?;
         let connections = (0..connections)
             .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
             .collect::<Result<Vec<_>, _>>()?;
@@ -232,15 +268,33 @@ impl Connections {
     /// nodes for a moment while a slot migrates), `CLUSTERDOWN`, `MASTERDOWN`, `LOADING` and a
     /// refused connection (a fail-over) after a short wait. All of it within the caller's
     /// timeout, and never after an error that leaves unknown whether the script ran.
+    ///
+    /// On a single Redis (or Sentinel's master), a refused connection is tried once more, on
+    /// the same connection, which the refusal sent reconnecting: nothing was sent, so the
+    /// script cannot run twice, and a connection that last failed while Redis was down (its
+    /// error kept until the next use) does not fail the first call after Redis is back. Any
+    /// other connection error (lost with the request maybe sent, a timeout) is returned.
     pub(crate) async fn script(&self, evalsha: Cmd, eval: impl Fn() -> Cmd) -> Result<Value, RedisError> {
         let (mut cmd, mut evaled, mut ask) = (evalsha, false, None::<String>);
+        // The connection of the last attempt, and whether a refusal was already tried again.
+        let (mut last, mut refusal_retried) = (None::<Conn>, false);
         let mut attempt = 0;
         loop {
             attempt += 1;
             let result = match (self, &ask) {
                 (Connections::Cluster(cluster), Some(target)) => cluster.asking(target, &cmd).await,
-                _ => cmd.query_async::<Value>(&mut self.next().await?).await,
+                _ => {
+                    let mut conn = match last.take() {
+                        Some(conn) => conn,
+                        None => self.next().await?,
+                    };
+                    let result = cmd.query_async::<Value>(&mut conn).await;
+                    last = Some(conn);
+                    result
+                }
             };
+            // A new connection for each attempt, unless kept below for a refusal.
+            let tried_on = last.take();
             let error = match result {
                 Ok(value) => return Ok(value),
                 Err(error) if attempt >= SCRIPT_ATTEMPTS => return Err(error),
@@ -254,6 +308,9 @@ impl Connections {
                 // which the redis crate's `Script` sends, reaches only the masters a cluster
                 // client knows of: not a master that joined and is being handed a slot.)
                 ErrorKind::Server(ServerErrorKind::NoScript) if !evaled => (cmd, evaled) = (eval(), true),
+                _ if !self.is_cluster() && error.is_connection_refusal() && !refusal_retried => {
+                    (last, refusal_retried) = (tried_on, true);
+                }
                 _ if !self.is_cluster() => return Err(error),
                 ErrorKind::Server(ServerErrorKind::Ask) => match error.redirect_node() {
                     Some((target, _)) => ask = Some(target.to_owned()),
@@ -308,7 +365,7 @@ impl Cluster {
                     if targets.len() >= ASK_TARGETS {
                         targets.clear();
                     }
-                    let client = redis::Client::open(format!("{}{target}", self.node_url_prefix))?;
+                    let client = resp3_client(format!("{}{target}", self.node_url_prefix))?;
                     let conn = ConnectionManager::new_lazy_with_config(client, self.config.clone())?;
                     targets.entry(target.to_owned()).or_insert(conn).clone()
                 }

@@ -12,6 +12,10 @@
 //! Each entry is tied to the backend's count of connection failures when its request was
 //! sent, and holds only while that count stays the same: after a lost connection, Redis may
 //! be a new, empty one (restarted, or a replica promoted), and its own answer is asked for.
+//! The count moves when a call fails on a lost connection, and also when the client is told a
+//! connection closed (RESP3's disconnection notice, conn.rs) with no call on it: a Redis
+//! restarted while every answer came from this cache closes its connections, so its denials
+//! go then, not at their `retry_after` (issue 18).
 //!
 //! An expired entry goes when its key is asked about again, and at most a second after it
 //! expired otherwise: with keys that come and go (users, IPs), most are never asked about

@@ -29,7 +29,7 @@ mod deny_cache;
 mod keys;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -46,6 +46,12 @@ use crate::conn::Connections;
 use crate::deny_cache::DenyCache;
 
 pub use keys::PrefixError;
+
+/// The reset script's source (see the file for its arguments).
+const RESET_LUA: &str = include_str!("reset.lua");
+
+/// The reset script, with its SHA1 computed once.
+static RESET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RESET_LUA));
 
 /// Why a backend could not be configured.
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +120,8 @@ impl RedisBackendBuilder {
     /// Answer a key denied until T locally until T (default on): T is the denial's own
     /// `retry_after`, counted from when the request was sent, so no answer differs from what
     /// Redis would say, except after a reset or refund of that key through another instance.
+    /// Every cached denial is dropped when a connection to Redis is lost or seen to close (a
+    /// restarted Redis may have lost the counts behind it).
     /// Rule sets with concurrency leases are never cached. Off when a clock is injected (the
     /// cache runs on real time).
     pub fn deny_cache(mut self, enabled: bool) -> Self {
@@ -140,8 +148,10 @@ impl RedisBackendBuilder {
         if !(1..=MAX_BATCH_PARTS).contains(&self.coalesce) {
             return Err(ConfigError::Coalesce(self.coalesce));
         }
+        let connection_failures = Arc::new(AtomicU64::new(0));
         let connections =
-            Connections::open(&self.url, self.timeout, self.connections).map_err(ConfigError::Url)?;
+            Connections::open(&self.url, self.timeout, self.connections, Arc::clone(&connection_failures))
+                .map_err(ConfigError::Url)?;
         // A script call on Redis Cluster may hold only one slot's keys, and operations of
         // different keys rarely share one: on a cluster each operation goes alone.
         let coalesce = if connections.is_cluster() { 1 } else { self.coalesce };
@@ -152,7 +162,7 @@ impl RedisBackendBuilder {
             prefix: self.prefix.into(),
             timeout: self.timeout,
             clock: self.clock,
-            connection_failures: AtomicU64::new(0),
+            connection_failures,
         });
         let coalescer = (coalesce > 1).then(|| Coalescer::start(Arc::clone(&shared), coalesce));
         Ok(RedisBackend { shared, coalescer, deny_cache })
@@ -176,10 +186,12 @@ pub(crate) struct Shared {
     prefix: Arc<str>,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
-    /// Connection failures seen so far. A connection that failed may come back to a Redis
-    /// that lost its state (restarted empty, or a replica promoted before it had every
+    /// Connection failures seen so far: calls that failed on a lost connection, and
+    /// connections the client saw close, even with no call on them (a Redis restarted while
+    /// every answer came from the deny cache). A connection that failed may come back to a
+    /// Redis that lost its state (restarted empty, or a replica promoted before it had every
     /// write), so a denial cached before the latest failure is no longer trusted.
-    connection_failures: AtomicU64,
+    connection_failures: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -250,10 +262,6 @@ impl Shared {
                 StateSlot::Shared { .. } => keys::state_key(&tagged, keys::SHARED),
             })
             .collect()
-    }
-
-    async fn connection(&self) -> Result<conn::Conn, Error> {
-        self.bounded(self.connections.next()).await
     }
 
     /// Runs `parts` (each on its key) in one script call.
@@ -376,21 +384,30 @@ impl Backend for RedisBackend {
             cache.forget(key, rules);
         }
         // Own keys go; in a shared hash only this set's fields do (other rule sets of the same
-        // key may keep theirs there). One MULTI, so a reset is never half done.
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        for (slot, state_key) in rules.state_slots().zip(self.shared.state_keys(key, rules)) {
+        // key may keep theirs there). One script call, sent as a check is: atomic, so a reset
+        // is never half done, and on a cluster it follows `ASK`, `MOVED`, `TRYAGAIN` and a
+        // fail-over as a check does (a `MULTI` sent by the cluster client followed none of
+        // them: its retries are off, see `Connections::open`).
+        let keys = self.shared.state_keys(key, rules);
+        let mut args: Vec<String> = Vec::new();
+        for slot in rules.state_slots() {
             match slot {
-                StateSlot::Own { .. } => pipe.cmd("DEL").arg(state_key).ignore(),
-                StateSlot::Shared { prefix, fields } => pipe
-                    .cmd("HDEL")
-                    .arg(state_key)
-                    .arg(fields.iter().map(|f| format!("{prefix}{f}")).collect::<Vec<_>>())
-                    .ignore(),
-            };
+                StateSlot::Own { .. } => args.push("0".to_owned()),
+                StateSlot::Shared { prefix, fields } => {
+                    args.push(fields.len().to_string());
+                    args.extend(fields.iter().map(|f| format!("{prefix}{f}")));
+                }
+            }
         }
-        let mut conn = self.shared.connection().await?;
-        self.shared.bounded(async move { pipe.query_async::<()>(&mut conn).await }).await
+        let call = |verb: &str, script: &str| {
+            let mut cmd = redis::cmd(verb);
+            cmd.arg(script).arg(keys.len()).arg(&keys).arg(&args);
+            cmd
+        };
+        let script = &*RESET_SCRIPT;
+        let (evalsha, eval) = (call("EVALSHA", script.get_hash()), || call("EVAL", RESET_LUA));
+        self.shared.bounded(self.shared.connections.script(evalsha, eval)).await?;
+        Ok(())
     }
 
     /// `PING` on every connection, each within the timeout: a connection that failed earlier
