@@ -52,6 +52,8 @@ pub struct Config {
     pub server: ServerSettings,
     /// The `[backend]` section.
     pub backend: BackendSettings,
+    /// The `[memory]` section.
+    pub memory: MemorySettings,
     /// The named policies.
     pub policies: Policies,
     /// The `[consumers]` section.
@@ -104,6 +106,64 @@ pub struct ServerSettings {
     /// `limit` and `lease` in `/v1/acquire` and `/v1/release`). When false, only configured and
     /// stored policies are applied.
     pub inline_limits: bool,
+    /// Bounds on HTTP connections and requests (`tollgate serve` and `tollgate proxy`).
+    pub connections: ConnectionSettings,
+}
+
+/// Bounds on HTTP connections and requests, so that slow or idle clients cannot hold the
+/// server's connections: the `[server]` keys `header_timeout`, `body_timeout`, `idle_timeout`
+/// and `max_connections`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionSettings {
+    /// Longest wait for a request's head, from the connection's opening or from the first
+    /// byte after it went idle. Default 10 s: a head is a few hundred bytes, sent in one
+    /// round trip even on a poor mobile link, yet a client trickling one must not hold a
+    /// connection for minutes.
+    pub header_timeout: Duration,
+    /// Longest wait for a request's whole body, from its head. Default 30 s: the API's bodies
+    /// are at most 64 KiB, a second's upload on slow links; the proxy streams uploads of any
+    /// size, so raise it there for large ones.
+    pub body_timeout: Duration,
+    /// Longest a keep-alive connection stays open with no request in flight and nothing
+    /// received. Default 75 s (nginx's): longer than the 60 s idle timeout of common load
+    /// balancers, so that they close first and never send a request on a connection we are
+    /// closing.
+    pub idle_timeout: Duration,
+    /// Most connections open at once; past it new connections wait in the listen backlog
+    /// (4,096) and idle ones are closed to make room. Default 10,000: well under the usual
+    /// 65,536 open files, at about 10 KB of buffers each (100 MB).
+    pub max_connections: usize,
+}
+
+impl ConnectionSettings {
+    /// Most connections allowed (`max_connections` above is refused).
+    pub const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
+}
+
+impl Default for ConnectionSettings {
+    fn default() -> Self {
+        ConnectionSettings {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(75),
+            max_connections: 10_000,
+        }
+    }
+}
+
+/// The `[memory]` section: the in-memory backend, and the local fallback the limiter uses
+/// while Redis fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemorySettings {
+    /// Most keys held; past it, the keys whose state expires soonest are forgotten early
+    /// (default [`tollgate_core::DEFAULT_MAX_KEYS`]).
+    pub max_keys: usize,
+}
+
+impl Default for MemorySettings {
+    fn default() -> Self {
+        MemorySettings { max_keys: tollgate_core::DEFAULT_MAX_KEYS }
+    }
 }
 
 /// The default `[server] max_request_state`: 256 KiB.
@@ -249,9 +309,14 @@ impl Config {
         Self::from_toml(EXAMPLE_TOML, "builtin").expect("the example configuration is valid")
     }
 
-    /// The limiter's settings: the backend's failure handling and the server's delay bound.
+    /// The limiter's settings: the backend's failure handling, the server's delay bound and
+    /// the memory cap for the local fallback.
     pub fn limiter_settings(&self) -> LimiterSettings {
-        LimiterSettings { max_delayed: self.server.max_delayed, ..self.backend.limiter.clone() }
+        LimiterSettings {
+            max_delayed: self.server.max_delayed,
+            fallback_max_keys: self.memory.max_keys,
+            ..self.backend.limiter.clone()
+        }
     }
 }
 

@@ -13,8 +13,8 @@ use toml::Spanned;
 
 use crate::spec::{PolicySpec, SixPeriods, Strategy};
 use crate::{
-    BackendKind, BackendSettings, Config, ConfigError, ConsumerSettings, Policies, ResetHeader,
-    ServerSettings,
+    BackendKind, BackendSettings, Config, ConfigError, ConnectionSettings, ConsumerSettings, MemorySettings,
+    Policies, ResetHeader, ServerSettings,
 };
 
 #[derive(Deserialize, Default)]
@@ -24,6 +24,8 @@ struct File {
     server: ServerSection,
     #[serde(default)]
     backend: BackendSection,
+    #[serde(default)]
+    memory: MemorySection,
     #[serde(default)]
     policies: BTreeMap<Spanned<String>, PolicySection>,
     #[serde(default)]
@@ -48,10 +50,19 @@ struct ServerSection {
     max_delayed: usize,
     max_request_state: Spanned<u64>,
     inline_limits: bool,
+    // Connection bounds (`ConnectionSettings`).
+    header_timeout: Spanned<Period>,
+    body_timeout: Spanned<Period>,
+    idle_timeout: Spanned<Period>,
+    max_connections: Spanned<usize>,
 }
 
 impl Default for ServerSection {
     fn default() -> Self {
+        let connections = ConnectionSettings::default();
+        let period = |d: std::time::Duration| {
+            Spanned::new(0..0, Period::try_from(d).expect("the defaults are valid periods"))
+        };
         ServerSection {
             listen: Spanned::new(0..0, "127.0.0.1:8080".into()),
             reset_header: ResetHeader::Delta,
@@ -59,7 +70,27 @@ impl Default for ServerSection {
             max_delayed: LimiterSettings::default().max_delayed,
             max_request_state: Spanned::new(0..0, crate::DEFAULT_MAX_REQUEST_STATE),
             inline_limits: true,
+            header_timeout: period(connections.header_timeout),
+            body_timeout: period(connections.body_timeout),
+            idle_timeout: period(connections.idle_timeout),
+            max_connections: Spanned::new(0..0, connections.max_connections),
         }
+    }
+}
+
+/// Longest connection timeout (`header_timeout`, `body_timeout`, `idle_timeout`): an hour is
+/// beyond any client's honest need, and a bound is the point of these settings.
+const MAX_CONNECTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct MemorySection {
+    max_keys: Spanned<usize>,
+}
+
+impl Default for MemorySection {
+    fn default() -> Self {
+        MemorySection { max_keys: Spanned::new(0..0, MemorySettings::default().max_keys) }
     }
 }
 
@@ -155,6 +186,18 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         ));
     }
 
+    let connections = connection_settings(server).map_err(|(span, message)| err(span, message))?;
+    let max_keys = *file.memory.max_keys.get_ref();
+    if max_keys < tollgate_core::MIN_MAX_KEYS {
+        return Err(err(
+            file.memory.max_keys.span(),
+            format!(
+                "memory.max_keys must be at least {} (the most keys one batch names)",
+                tollgate_core::MIN_MAX_KEYS
+            ),
+        ));
+    }
+
     let backend = &file.backend;
     let url = backend.url.as_ref().map(|u| u.get_ref().clone());
     if let Some(url) = &backend.url {
@@ -210,7 +253,9 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
             max_delayed: server.max_delayed,
             max_request_state,
             inline_limits: server.inline_limits,
+            connections,
         },
+        memory: MemorySettings { max_keys },
         backend: BackendSettings {
             kind: *backend.kind.get_ref(),
             url,
@@ -224,9 +269,37 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
                 failure_threshold: backend.failure_threshold,
                 probe_interval: backend.probe_interval.as_duration(),
                 max_delayed: server.max_delayed,
+                fallback_max_keys: max_keys,
             },
         },
         policies: Policies(policies),
+    })
+}
+
+fn connection_settings(server: &ServerSection) -> Result<ConnectionSettings, (Range<usize>, String)> {
+    let timeout = |name: &str, value: &Spanned<Period>| {
+        let duration = value.get_ref().as_duration();
+        if duration > MAX_CONNECTION_TIMEOUT {
+            Err((value.span(), format!("server.{name} must be at most 1h")))
+        } else {
+            Ok(duration)
+        }
+    };
+    let max_connections = *server.max_connections.get_ref();
+    if !(1..=ConnectionSettings::MAX_CONNECTIONS_LIMIT).contains(&max_connections) {
+        return Err((
+            server.max_connections.span(),
+            format!(
+                "server.max_connections must be between 1 and {}",
+                ConnectionSettings::MAX_CONNECTIONS_LIMIT
+            ),
+        ));
+    }
+    Ok(ConnectionSettings {
+        header_timeout: timeout("header_timeout", &server.header_timeout)?,
+        body_timeout: timeout("body_timeout", &server.body_timeout)?,
+        idle_timeout: timeout("idle_timeout", &server.idle_timeout)?,
+        max_connections,
     })
 }
 
@@ -343,6 +416,39 @@ mod tests {
         let e = error(text);
         assert!(e.to_string().contains("per_month is 0"), "{e}");
         assert_eq!(e.line(), Some(1));
+    }
+
+    #[test]
+    fn connection_bounds_and_the_memory_cap() {
+        let c = parse("", "t").unwrap();
+        assert_eq!(c.server.connections, ConnectionSettings::default());
+        assert_eq!(c.memory.max_keys, tollgate_core::DEFAULT_MAX_KEYS);
+        assert_eq!(c.limiter_settings().fallback_max_keys, tollgate_core::DEFAULT_MAX_KEYS);
+
+        let c = parse(
+            "[server]\nheader_timeout = \"250ms\"\nbody_timeout = \"2s\"\nidle_timeout = \"1m\"\nmax_connections = 50\n[memory]\nmax_keys = 5000\n",
+            "t",
+        )
+        .unwrap();
+        let expected = ConnectionSettings {
+            header_timeout: std::time::Duration::from_millis(250),
+            body_timeout: std::time::Duration::from_secs(2),
+            idle_timeout: std::time::Duration::from_secs(60),
+            max_connections: 50,
+        };
+        assert_eq!(c.server.connections, expected);
+        assert_eq!((c.memory.max_keys, c.limiter_settings().fallback_max_keys), (5000, 5000));
+
+        let e = error("[server]\nlisten = \"127.0.0.1:1\"\nmax_connections = 0\n");
+        assert_eq!(e.line(), Some(3), "{e}");
+        assert!(e.to_string().contains("server.max_connections"), "{e}");
+        let e = error("[server]\nidle_timeout = \"2h\"\n");
+        assert_eq!(e.line(), Some(2), "{e}");
+        assert!(e.to_string().contains("server.idle_timeout must be at most 1h"), "{e}");
+        let e = error("[memory]\nmax_keys = 10\n");
+        assert_eq!(e.line(), Some(2), "{e}");
+        assert!(e.to_string().contains("memory.max_keys must be at least 64"), "{e}");
+        assert!(error("[memory]\nmax_key = 10\n").to_string().contains("max_key"));
     }
 
     #[test]

@@ -43,7 +43,9 @@ pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use decision::{Acquisition, Decision, Lease, LeaseId, LeaseIdError, RuleOutcome};
 pub use error::{BoxError, Error, KeyError, RuleError};
 pub use footprint::StateFootprint;
-pub use memory::MemoryBackend;
+pub use memory::{
+    DEFAULT_MAX_KEYS, EVICTIONS_METRIC, MIN_MAX_KEYS, MemoryBackend, MemoryBackendBuilder, MemoryConfigError,
+};
 pub use operation::{Operation, validate_key};
 pub use period::{Period, PeriodError};
 pub use rule::{Algorithm, Align, Rule, RuleKind};

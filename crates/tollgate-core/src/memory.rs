@@ -1,8 +1,9 @@
 //! [`MemoryBackend`]: rule states in process memory, the embedded default.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
@@ -10,7 +11,7 @@ use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 
 use crate::algorithm::{self, Member, State, States};
-use crate::limits::MAX_RULES;
+use crate::limits::{MAX_BATCH_PARTS, MAX_RULES};
 use crate::operation::validate_key;
 use crate::{Backend, Clock, Decision, Error, Operation, Part, RuleSet, SystemClock, validate_batch};
 
@@ -18,6 +19,24 @@ use crate::{Backend, Clock, Decision, Error, Operation, Part, RuleSet, SystemClo
 /// held (10 s apart with 10 million keys), so their cost stays a small share of one core while
 /// expired state lingers only briefly. Deciding whether one is due reads one shared atomic.
 const MIN_MICROS_BETWEEN_SWEEPS: i64 = 1_000_000;
+
+/// The default cap on keys held ([`MemoryBackendBuilder::max_keys`]). A key costs about 0.8 KB
+/// with a few rules (more with sliding logs), so a million keys is under a gigabyte: enough for
+/// a busy instance's distinct callers, and a bound a stranger inventing keys cannot pass.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// The smallest cap on keys: a batch ([`Backend::check_batch`]) names up to
+/// [`MAX_BATCH_PARTS`] keys, which must all be held at once (all or nothing), possibly in one
+/// shard.
+pub const MIN_MAX_KEYS: usize = MAX_BATCH_PARTS;
+
+/// Counter: keys dropped by the memory backend before they expired, to stay within its
+/// `max_keys`, by `backend` (`memory`, or `local_fallback` for the limiter's fallback).
+pub const EVICTIONS_METRIC: &str = "tollgate_memory_evictions_total";
+
+/// While keys are being evicted, a warning is logged at most this often (microseconds), with
+/// the number evicted since the last one: enough to notice, never a flood.
+const EVICTION_LOG_INTERVAL: i64 = 10_000_000;
 
 /// One rule's state for a key.
 #[derive(Debug)]
@@ -30,11 +49,20 @@ struct Slot {
 
 /// A key's states under every rule it has been checked with (usually one or two, kept inline
 /// so a lookup touches one allocation less).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Entry {
     slots: SmallVec<[Slot; 2]>,
     /// The latest of the slots' expiries: the entry can go then.
     expires_at: i64,
+    /// The expiry of this entry's newest (and lowest) record in its shard's `by_expiry`, at
+    /// most `expires_at`; `i64::MAX` before its first.
+    floor: i64,
+}
+
+impl Default for Entry {
+    fn default() -> Self {
+        Entry { slots: SmallVec::new(), expires_at: i64::MIN, floor: i64::MAX }
+    }
 }
 
 /// Rule states in process memory: concurrent (keys spread over lock-striped shards), with an
@@ -76,12 +104,94 @@ pub struct MemoryBackend<C: Clock = SystemClock> {
     clock: C,
     /// When the next sweep is due (microseconds since the epoch); `i64::MAX` while one runs.
     next_sweep: AtomicI64,
+    max_keys: usize,
+    /// The `backend` label of [`EVICTIONS_METRIC`].
+    name: &'static str,
+    evictions: AtomicU64,
+    /// Evictions not yet logged, and when the last log line was written.
+    unlogged_evictions: AtomicU64,
+    last_eviction_log: AtomicI64,
 }
 
 impl MemoryBackend<SystemClock> {
-    /// A backend on the system clock.
+    /// A backend on the system clock, holding at most [`DEFAULT_MAX_KEYS`] keys.
     pub fn new() -> Self {
         Self::with_clock(SystemClock::new())
+    }
+
+    /// A builder, to choose the clock, the cap on keys and the metrics name.
+    pub fn builder() -> MemoryBackendBuilder<SystemClock> {
+        MemoryBackendBuilder { clock: SystemClock::new(), max_keys: DEFAULT_MAX_KEYS, name: "memory" }
+    }
+}
+
+/// A [`MemoryBackend`] being configured: see [`MemoryBackend::builder`].
+#[derive(Debug, Clone)]
+pub struct MemoryBackendBuilder<C: Clock> {
+    clock: C,
+    max_keys: usize,
+    name: &'static str,
+}
+
+/// A [`MemoryBackendBuilder`] setting that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemoryConfigError {
+    /// `max_keys` is below [`MIN_MAX_KEYS`].
+    #[error("max_keys = {max_keys} is below {MIN_MAX_KEYS}, the most keys one batch may name")]
+    MaxKeysTooSmall {
+        /// The value given.
+        max_keys: usize,
+    },
+}
+
+impl<C: Clock> MemoryBackendBuilder<C> {
+    /// The clock (a [`ManualClock`](crate::ManualClock) in tests).
+    pub fn clock<D: Clock>(self, clock: D) -> MemoryBackendBuilder<D> {
+        MemoryBackendBuilder { clock, max_keys: self.max_keys, name: self.name }
+    }
+
+    /// Most keys held at once (default [`DEFAULT_MAX_KEYS`], at least [`MIN_MAX_KEYS`]). A new
+    /// key past the cap evicts the held key whose state expires soonest, as it loses the
+    /// least: a key about to be forgotten anyway. The keys are spread over lock-striped shards
+    /// by a hash with a random seed, each shard holding its share of the cap, so the evicted
+    /// key is the soonest-expiring one of the new key's shard (of the whole backend when
+    /// `max_keys` is below 128, with one shard).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// The `backend` label of the [`EVICTIONS_METRIC`] counter (default `memory`).
+    pub fn name(mut self, name: &'static str) -> Self {
+        self.name = name;
+        self
+    }
+
+    /// The backend, or why not.
+    pub fn build(self) -> Result<MemoryBackend<C>, MemoryConfigError> {
+        if self.max_keys < MIN_MAX_KEYS {
+            return Err(MemoryConfigError::MaxKeysTooSmall { max_keys: self.max_keys });
+        }
+        // As many shards as dashmap would use (four per core, a power of two), but no more
+        // than leaves each shard room for a whole batch.
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let room = self.max_keys / MIN_MAX_KEYS;
+        let shards = (cores * 4).next_power_of_two().min(1 << room.ilog2());
+        let (share, rest) = (self.max_keys / shards, self.max_keys % shards);
+        Ok(MemoryBackend {
+            shards: (0..shards)
+                .map(|i| CachePadded::new(Mutex::new(Shard::new(share + usize::from(i < rest)))))
+                .collect(),
+            hasher: RandomState::new(),
+            clock: self.clock,
+            next_sweep: AtomicI64::new(i64::MIN),
+            max_keys: self.max_keys,
+            name: self.name,
+            evictions: AtomicU64::new(0),
+            unlogged_evictions: AtomicU64::new(0),
+            last_eviction_log: AtomicI64::new(i64::MIN),
+        })
     }
 }
 
@@ -91,7 +201,84 @@ impl Default for MemoryBackend<SystemClock> {
     }
 }
 
-type Shard = HashMap<Box<str>, Entry>;
+/// A share of the keys, under one lock.
+#[derive(Debug)]
+struct Shard {
+    map: HashMap<Arc<str>, Entry>,
+    /// Records `(expiry, key)`, soonest first, to find the key to evict in logarithmic time.
+    /// Kept lazily: a record is added when a key is created or its expiry moves earlier (rare:
+    /// a refund, a release, a reset), not when it moves later (most checks), so every key has
+    /// a record at or below its expiry, the one at its `floor`; others are stale and skipped.
+    /// Rebuilt from `map` by a sweep, or when stale records outnumber keys.
+    by_expiry: BinaryHeap<Reverse<(i64, Arc<str>)>>,
+    /// Most keys this shard holds.
+    cap: usize,
+}
+
+impl Shard {
+    fn new(cap: usize) -> Self {
+        Shard { map: HashMap::new(), by_expiry: BinaryHeap::new(), cap }
+    }
+
+    /// Records `key`'s expiry if it moved below its last record.
+    fn index(&mut self, key: &str) {
+        let Some((name, entry)) = self.map.get_key_value(key) else { return };
+        if entry.expires_at >= entry.floor {
+            return;
+        }
+        let record = Reverse((entry.expires_at, name.clone()));
+        if let Some(entry) = self.map.get_mut(key) {
+            entry.floor = entry.expires_at;
+        }
+        self.by_expiry.push(record);
+        if self.by_expiry.len() > 2 * self.map.len() + MIN_MAX_KEYS {
+            self.rebuild_index();
+        }
+    }
+
+    /// One record per key, at its expiry: linear time, paid for by the records added since
+    /// the last rebuild (more than the keys held).
+    fn rebuild_index(&mut self) {
+        let records: Vec<_> = self
+            .map
+            .iter_mut()
+            .map(|(name, entry)| {
+                entry.floor = entry.expires_at;
+                Reverse((entry.expires_at, name.clone()))
+            })
+            .collect();
+        self.by_expiry = BinaryHeap::from(records);
+    }
+
+    /// Evicts the soonest-expiring keys, except `protected` ones, until `incoming` new keys
+    /// fit under the cap; returns how many went. Each record is looked at once (a stale one is
+    /// dropped or moved up to its key's expiry), so the cost is amortised over the records
+    /// added.
+    fn make_room(&mut self, incoming: usize, protected: impl Fn(&str) -> bool) -> u64 {
+        let mut evicted = 0;
+        let mut kept = SmallVec::<[Reverse<(i64, Arc<str>)>; 8]>::new();
+        while self.map.len() + incoming > self.cap {
+            // Every key has a record, and the cap leaves room for a batch's protected keys.
+            let Some(Reverse((at, name))) = self.by_expiry.pop() else { break };
+            let Some(entry) = self.map.get_mut(&*name) else { continue };
+            if at != entry.floor {
+                continue; // an older record of a key that has a lower one
+            }
+            if protected(&name) {
+                kept.push(Reverse((at, name)));
+            } else if entry.expires_at > at {
+                // The key's state lives longer now: its record moves there.
+                entry.floor = entry.expires_at;
+                self.by_expiry.push(Reverse((entry.expires_at, name)));
+            } else {
+                self.map.remove(&*name);
+                evicted += 1;
+            }
+        }
+        self.by_expiry.extend(kept);
+        evicted
+    }
+}
 
 /// The states of one operation's rules among a key's slots: rule `i` is `slots[index[i]]`.
 struct Found<'a> {
@@ -163,17 +350,12 @@ impl Entry {
 }
 
 impl<C: Clock> MemoryBackend<C> {
-    /// A backend on `clock`.
+    /// A backend on `clock`, holding at most [`DEFAULT_MAX_KEYS`] keys.
     pub fn with_clock(clock: C) -> Self {
-        // As many shards as dashmap would use: four per core, a power of two.
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let shards = (cores * 4).next_power_of_two();
-        MemoryBackend {
-            shards: (0..shards).map(|_| CachePadded::new(Mutex::new(Shard::default()))).collect(),
-            hasher: RandomState::new(),
-            clock,
-            next_sweep: AtomicI64::new(i64::MIN),
-        }
+        MemoryBackend::builder()
+            .clock(clock)
+            .build()
+            .unwrap_or_else(|_| unreachable!("the defaults are valid"))
     }
 
     fn shard_of(&self, key: &str) -> usize {
@@ -197,18 +379,24 @@ impl<C: Clock> MemoryBackend<C> {
     pub fn execute_now(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
         op.validate(key, rules)?;
         let now = self.now();
-        let decision = {
+        let (decision, evicted) = {
             let mut shard = self.lock(self.shard_of(key));
-            if !shard.contains_key(key) {
-                shard.insert(key.into(), Entry::default());
+            let mut evicted = 0;
+            if !shard.map.contains_key(key) {
+                evicted = shard.make_room(1, |_| false);
+                shard.map.insert(key.into(), Entry::default());
             }
-            let Some(entry) = shard.get_mut(key) else { unreachable!("inserted above") };
+            let Some(entry) = shard.map.get_mut(key) else { unreachable!("inserted above") };
             let index = entry.find(rules);
             let decision =
                 algorithm::run(rules, now, &op, &mut Found { slots: &mut entry.slots, index: &index });
             entry.settle(rules, &index);
-            decision
+            if entry.expires_at < entry.floor {
+                shard.index(key);
+            }
+            (decision, evicted)
         };
+        self.evicted(evicted, now);
         self.maybe_sweep(now);
         Ok(decision)
     }
@@ -217,11 +405,13 @@ impl<C: Clock> MemoryBackend<C> {
     pub fn reset_now(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
         validate_key(key)?;
         let mut shard = self.lock(self.shard_of(key));
-        if let Some(entry) = shard.get_mut(key) {
+        if let Some(entry) = shard.map.get_mut(key) {
             entry.slots.retain(|slot| !rules.signatures().any(|s| s == &*slot.signature));
             entry.refresh_expiry();
             if entry.slots.is_empty() {
-                shard.remove(key);
+                shard.map.remove(key);
+            } else {
+                shard.index(key);
             }
         }
         Ok(())
@@ -238,6 +428,22 @@ impl<C: Clock> MemoryBackend<C> {
         // Ascending order: two batches never wait on each other in a cycle.
         let mut guards: SmallVec<[MutexGuard<'_, Shard>; 8]> =
             shard_ids.iter().map(|&i| self.lock(i)).collect();
+        // Room for the batch's new keys first, so that no key of the batch is evicted while its
+        // state is out of its slot (and the cap holds throughout).
+        let mut keys: SmallVec<[(usize, &str); 8]> = parts
+            .iter()
+            .map(|p| (shard_ids.binary_search(&self.shard_of(p.key)).unwrap_or(0), p.key))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut evicted = 0;
+        for (guard, shard) in guards.iter_mut().enumerate() {
+            let mine = || keys.iter().filter(move |(g, _)| *g == guard).map(|(_, k)| *k);
+            let incoming = mine().filter(|k| !shard.map.contains_key(*k)).count();
+            if incoming > 0 {
+                evicted += shard.make_room(incoming, |name| mine().any(|k| k == name));
+            }
+        }
         let mut decisions: Vec<Option<Decision>> = vec![None; parts.len()];
         for members in crate::groups(parts) {
             // The group's distinct states (key and rule), moved out of their slots while it runs.
@@ -265,7 +471,10 @@ impl<C: Clock> MemoryBackend<C> {
             let mut taken = Taken(SmallVec::new());
             for &(guard, key, rule) in &places {
                 let shard = &mut guards[guard];
-                let entry = shard.entry(key.into()).or_default();
+                if !shard.map.contains_key(key) {
+                    shard.map.insert(key.into(), Entry::default());
+                }
+                let Some(entry) = shard.map.get_mut(key) else { unreachable!("inserted above") };
                 let slot = entry.find_one(rule);
                 taken.0.push(std::mem::replace(&mut entry.slots[slot].state, rule.algo.new_state()));
             }
@@ -280,14 +489,17 @@ impl<C: Clock> MemoryBackend<C> {
                 .collect();
             algorithm::run_group(now, &group, &mut taken, |m, d| decisions[members[m]] = Some(d));
             for (&(guard, key, rule), mut state) in places.iter().zip(taken.0) {
-                let Some(entry) = guards[guard].get_mut(key) else { continue };
+                let shard = &mut guards[guard];
+                let Some(entry) = shard.map.get_mut(key) else { continue };
                 let slot = entry.find_one(rule);
                 entry.slots[slot].expires_at = rule.algo.expires_at(&mut state).unwrap_or(i64::MIN);
                 entry.slots[slot].state = state;
                 entry.refresh_expiry();
+                shard.index(key);
             }
         }
         drop(guards);
+        self.evicted(evicted, now);
         self.maybe_sweep(now);
         Ok(decisions
             .into_iter()
@@ -297,7 +509,41 @@ impl<C: Clock> MemoryBackend<C> {
 
     /// Number of keys holding state (expired state included until swept).
     pub fn len(&self) -> usize {
-        (0..self.shards.len()).map(|i| self.lock(i).len()).sum()
+        (0..self.shards.len()).map(|i| self.lock(i).map.len()).sum()
+    }
+
+    /// Most keys held at once.
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// Keys evicted so far to stay within [`max_keys`](Self::max_keys).
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Counts `evicted` keys in the metric, and logs them at most once per
+    /// [`EVICTION_LOG_INTERVAL`].
+    fn evicted(&self, evicted: u64, now: i64) {
+        if evicted == 0 {
+            return;
+        }
+        self.evictions.fetch_add(evicted, Ordering::Relaxed);
+        metrics::counter!(EVICTIONS_METRIC, "backend" => self.name).increment(evicted);
+        self.unlogged_evictions.fetch_add(evicted, Ordering::Relaxed);
+        let last = self.last_eviction_log.load(Ordering::Relaxed);
+        if now >= last.saturating_add(EVICTION_LOG_INTERVAL)
+            && self.last_eviction_log.compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        {
+            let count = self.unlogged_evictions.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                backend = self.name,
+                evicted = count,
+                max_keys = self.max_keys,
+                "the memory backend is full: keys whose state expires soonest were forgotten early \
+                 (raise [memory] max_keys, or use Redis)"
+            );
+        }
     }
 
     /// Whether no key holds state.
@@ -311,8 +557,9 @@ impl<C: Clock> MemoryBackend<C> {
         (0..self.shards.len())
             .map(|i| {
                 let mut shard = self.lock(i);
-                shard.retain(|_, entry| entry.prune(now));
-                shard.len()
+                shard.map.retain(|_, entry| entry.prune(now));
+                shard.rebuild_index();
+                shard.map.len()
             })
             .sum()
     }

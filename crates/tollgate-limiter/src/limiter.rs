@@ -48,6 +48,10 @@ pub struct LimiterSettings {
     pub probe_interval: Duration,
     /// Most requests held at once by the `delay` strategy; beyond, they are denied at once.
     pub max_delayed: usize,
+    /// Most keys the local fallback (the `local` failure policy's in-memory limiter) holds;
+    /// past it, the keys whose state expires soonest are forgotten early. At least
+    /// [`tollgate_core::MIN_MAX_KEYS`] (a smaller value is raised to it).
+    pub fallback_max_keys: usize,
 }
 
 impl Default for LimiterSettings {
@@ -57,6 +61,7 @@ impl Default for LimiterSettings {
             failure_threshold: 3,
             probe_interval: Duration::from_millis(250),
             max_delayed: 1024,
+            fallback_max_keys: tollgate_core::DEFAULT_MAX_KEYS,
         }
     }
 }
@@ -168,7 +173,11 @@ impl Limiter {
         let inner = Inner {
             primary,
             backend_name: backend_name.into(),
-            fallback: MemoryBackend::new(),
+            fallback: MemoryBackend::builder()
+                .max_keys(settings.fallback_max_keys.max(tollgate_core::MIN_MAX_KEYS))
+                .name("local_fallback")
+                .build()
+                .unwrap_or_else(|_| unreachable!("max_keys is at least MIN_MAX_KEYS")),
             breaker: Breaker::new(settings.failure_threshold),
             delay_slots: Semaphore::new(settings.max_delayed),
             settings,

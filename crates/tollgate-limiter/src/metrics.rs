@@ -17,3 +17,7 @@ pub const BACKEND_SECONDS: &str = "tollgate_backend_duration_seconds";
 pub const BACKEND_ERRORS: &str = "tollgate_backend_errors_total";
 /// Gauge: 1 while the circuit breaker is open (the primary backend is bypassed), by `backend`.
 pub const BREAKER_OPEN: &str = "tollgate_breaker_open";
+/// Counter: keys the memory backend forgot before they expired, to stay within its
+/// `max_keys`, by `backend` (`memory`, or `local_fallback` for the limiter's own fallback).
+/// Recorded by `tollgate-core`; named here with the others.
+pub const MEMORY_EVICTIONS: &str = tollgate_core::EVICTIONS_METRIC;

@@ -216,3 +216,29 @@ async fn reset_fails_loudly_when_the_backend_is_down() {
     backend.down.store(true, Ordering::Relaxed);
     assert!(matches!(limiter.reset("k", &policy(1).rules).await, Err(LimitError::Unavailable(_))));
 }
+
+/// Issue 18: the local fallback is bounded like the memory backend: past
+/// `fallback_max_keys`, the soonest-expiring key is forgotten.
+#[tokio::test(start_paused = true)]
+async fn the_local_fallback_holds_at_most_fallback_max_keys() {
+    let backend = Flaky::new();
+    backend.down.store(true, Ordering::Relaxed);
+    let settings = LimiterSettings {
+        on_failure: FailurePolicy::Local,
+        fallback_max_keys: tollgate_core::MIN_MAX_KEYS,
+        ..LimiterSettings::default()
+    };
+    let limiter = Limiter::new(backend.clone(), "flaky", settings);
+    // Windows open at each key's first request: "first" expires soonest.
+    let rules = RuleSet::new([Rule::fixed_window_from_first_hit(1, Period::HOUR)]).unwrap();
+    let p = Policy::enforce("p", rules);
+    assert!(limiter.check("first", &p, 1).await.unwrap().allowed());
+    assert!(!limiter.check("first", &p, 1).await.unwrap().allowed());
+    for i in 0..tollgate_core::MIN_MAX_KEYS - 1 {
+        assert!(limiter.check(&format!("k{i}"), &p, 1).await.unwrap().allowed());
+    }
+    assert!(!limiter.check("first", &p, 1).await.unwrap().allowed(), "at the cap, nothing is evicted");
+    assert!(limiter.check("one-more", &p, 1).await.unwrap().allowed());
+    let v = limiter.check("first", &p, 1).await.unwrap();
+    assert!(v.degraded && v.allowed(), "\"first\" was evicted for \"one-more\"");
+}

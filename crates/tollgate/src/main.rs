@@ -4,6 +4,7 @@
 
 mod bench;
 mod client;
+mod listen;
 mod proxy;
 mod serve;
 mod simulate;

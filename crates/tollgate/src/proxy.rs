@@ -233,8 +233,9 @@ pub(crate) async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     tracing::info!(address = %listener.local_addr()?, upstream = %args.upstream, backend = backend_name,
         "tollgate proxy is listening");
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(crate::serve::shutdown_signal())
-        .await
-        .context("proxy server error")
+    // No body cap: bodies stream to the upstream, which applies its own (the body timeout
+    // still bounds how long one may take).
+    let limits = crate::listen::Limits::from_config(&config.server, None);
+    crate::listen::serve(listener, app, limits, crate::serve::shutdown_signal()).await;
+    Ok(())
 }

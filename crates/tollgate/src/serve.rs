@@ -59,7 +59,10 @@ fn init_logging(json: bool) {
 pub(crate) fn backend(config: &Config) -> anyhow::Result<(Arc<dyn Backend>, &'static str)> {
     let b = &config.backend;
     Ok(match b.kind {
-        BackendKind::Memory => (Arc::new(MemoryBackend::new()), "memory"),
+        BackendKind::Memory => {
+            let memory = MemoryBackend::builder().max_keys(config.memory.max_keys).build()?;
+            (Arc::new(memory), "memory")
+        }
         BackendKind::Redis => {
             let url = b.url.as_deref().context("backend.kind = \"redis\" needs backend.url")?;
             let redis = RedisBackend::builder(url)
@@ -122,6 +125,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             "Redis does not answer yet; decisions follow the failure policy until it does");
     }
     let listen = config.server.listen;
+    let limits = crate::listen::Limits::from_config(&config.server, Some(tollgate_server::MAX_BODY_BYTES));
     let startup = config.clone();
     let store = tollgate_store::Store::connect(&args.database.url)
         .await
@@ -135,10 +139,16 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let state = state.clone();
             let watcher = tollgate_config::watch(path, move |result| match result {
                 Ok(new) => {
-                    if new.server.listen != startup.server.listen || new.backend.kind != startup.backend.kind
+                    if new.server.listen != startup.server.listen
+                        || new.server.connections != startup.server.connections
+                        || new.backend.kind != startup.backend.kind
                         || new.backend.url != startup.backend.url
+                        || new.memory != startup.memory
                     {
-                        tracing::warn!("server.listen and [backend] changes take effect at the next restart");
+                        tracing::warn!(
+                            "server.listen, the connection bounds, [backend] and [memory] changes take \
+                             effect at the next restart"
+                        );
                     }
                     let names: Vec<&str> = new.policies.iter().map(|(n, _)| n).collect();
                     tracing::info!(policies = ?names, "configuration reloaded");
@@ -205,13 +215,13 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     });
 
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, tollgate_server::router(state)).with_graceful_shutdown(async move {
+    let server = crate::listen::serve(listener, tollgate_server::router(state), limits, async move {
         shutdown_signal().await;
         tracing::info!("shutting down: no new connections; finishing requests in flight");
         let _ = signalled_tx.send(());
     });
     tokio::select! {
-        result = server => result.context("server error")?,
+        () = server => {}
         () = async {
             let _ = signalled_rx.await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;

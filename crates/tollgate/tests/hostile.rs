@@ -591,6 +591,25 @@ fn raw_catalogue() -> Vec<(&'static str, Vec<u8>)> {
                 body,
             ),
         ),
+        // Issue 18, connections: bodies announced above the limit are refused (413) before
+        // they are read, with or without Expect; a head cut short is closed, never waited on.
+        (
+            "raw: expect 100-continue, content-length 10 MB",
+            post(
+                "content-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 10485760\r\n",
+                "",
+            ),
+        ),
+        (
+            "raw: content-length 10 MB, no body",
+            post("content-type: application/json\r\ncontent-length: 10485760\r\n", ""),
+        ),
+        (
+            "raw: expect 100-continue, content-length just over 64 KiB",
+            post("content-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 65537\r\n", ""),
+        ),
+        ("raw: half a head", b"POST /v1/check HTTP/1.1\r\nhost: x\r\ncontent-ty".to_vec()),
+        ("raw: nothing at all", Vec::new()),
     ]
 }
 
