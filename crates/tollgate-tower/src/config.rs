@@ -15,6 +15,11 @@
 //! path = "/healthz"
 //! exempt = true
 //! ```
+//!
+//! Paths are matched in [canonical form](crate#canonical-paths): `non_canonical_paths =
+//! "normalize"` (default) matches and forwards a loosely spelled path (`//login`, `/x/../login`,
+//! `/%6Cogin`, `/login;x`) as its canonical form, `"reject"` answers it 400; `path_case =
+//! "insensitive"` matches `/LOGIN` as `/login` (default `"sensitive"`).
 
 use std::sync::Arc;
 
@@ -23,7 +28,10 @@ use serde::Deserialize;
 use tollgate_config::ResetHeader;
 use tollgate_limiter::{Limiter, Policy};
 
-use crate::{BuildError, Cors, ForwardedHeader, IpGrouping, Key, Route, TollgateLayer, TrustedProxies};
+use crate::{
+    BuildError, Cors, ForwardedHeader, IpGrouping, Key, NonCanonicalPaths, PathCase, Route, TollgateLayer,
+    TrustedProxies,
+};
 
 /// Where a request's key comes from, as written in a file.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -108,6 +116,13 @@ pub struct RoutesConfig {
     /// `X-RateLimit-Reset` as `delta` seconds (default) or `epoch` time.
     #[serde(default)]
     pub reset_header: Option<ResetHeader>,
+    /// Paths not in canonical form: `normalize` (default: matched, and passed on, as their
+    /// canonical form) or `reject` (400).
+    #[serde(default)]
+    pub non_canonical_paths: NonCanonicalPaths,
+    /// `sensitive` (default) or `insensitive` (ASCII case) route matching.
+    #[serde(default)]
+    pub path_case: PathCase,
 }
 
 fn yes() -> bool {
@@ -213,7 +228,9 @@ impl RoutesConfig {
         let mut builder = TollgateLayer::builder(limiter)
             .key(self.key.build("key")?)
             .exempt_preflight(self.exempt_preflight)
-            .reset_header(self.reset_header.unwrap_or_default());
+            .reset_header(self.reset_header.unwrap_or_default())
+            .non_canonical_paths(self.non_canonical_paths)
+            .path_case(self.path_case);
         if let Some(name) = &self.default_policy {
             builder = builder.default_policy(lookup("default_policy".into(), name)?);
         }
@@ -273,6 +290,8 @@ mod tests {
             key = { kind = "client_ip", trusted_proxies = ["10.0.0.0/8", "::1"], forwarded_header = "forwarded", fallback = { kind = "global" } }
             cors_origin = "*"
             reset_header = "epoch"
+            non_canonical_paths = "reject"
+            path_case = "insensitive"
 
             [[routes]]
             path = "/login"
@@ -306,5 +325,12 @@ mod tests {
         assert!(err("key = { kind = \"header\" }").starts_with("key.header:"));
         assert!(err("[[routes]]\npath = \"/a\"\npolicy = \"p\"\nmethods = [\"B A D\"]").contains("methods"));
         assert!(err("unknown = 1").contains("unknown field"));
+        assert!(err("non_canonical_paths = \"fix\"").contains("unknown variant"));
+        assert!(err("path_case = \"upper\"").contains("unknown variant"));
+        // A pattern no canonical path could match is refused, with the form to write.
+        let e = err("[[routes]]\npath = \"/a//b\"\npolicy = \"p\"");
+        assert!(e.contains("\"/a//b\"") && e.contains("\"/a/b\""), "{e}");
+        assert!(err("[[routes]]\npath = \"/a%2Fb\"\npolicy = \"p\"").contains("%2F"));
+        assert!(err("[[routes]]\npath = \"/login;x\"\npolicy = \"p\"").contains("\"/login\""));
     }
 }

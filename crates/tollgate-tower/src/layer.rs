@@ -1,21 +1,24 @@
 //! [`TollgateLayer`] and the [`Tollgate`] service it wraps around an inner one.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, header};
 use sha2::{Digest, Sha256};
 use tollgate_config::ResetHeader;
 use tollgate_core::limits::MAX_KEY_BYTES;
 use tollgate_limiter::{LimitError, Limiter, Policy, Verdict};
 
 use crate::headers::{ceil_secs, rate_limit_headers};
+use crate::path::{PathError, Spelling, canonicalize, route_key, upper_case_escapes};
 use crate::response::{Problem, is_grpc};
 use crate::route::{Action, RouteError, RouteTable};
-use crate::{Cors, Key, ResponseBody, Route};
+use crate::{Cors, Key, NonCanonicalPaths, PathCase, ResponseBody, Route};
 
 /// Why a layer could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +27,15 @@ pub enum BuildError {
     /// A route pattern is malformed or conflicts with another.
     #[error(transparent)]
     Route(#[from] RouteError),
+    /// A route pattern that is not in canonical form: requests are matched on their canonical
+    /// paths, so it could never match as written.
+    #[error("route {pattern:?} is not a canonical path: {detail}")]
+    NonCanonicalPattern {
+        /// The pattern.
+        pattern: String,
+        /// What is wrong, and the canonical form when there is one.
+        detail: String,
+    },
     /// A policy holds a concurrency rule: units held at once need a lease released when the
     /// work ends, which a per-request check does not do.
     #[error("policy {policy:?} has a concurrency rule, which the layer does not support")]
@@ -55,6 +67,8 @@ struct Shared {
     exempt_preflight: bool,
     cors: Option<Cors>,
     reset: ResetHeader,
+    non_canonical_paths: NonCanonicalPaths,
+    path_case: PathCase,
 }
 
 /// Builds a [`TollgateLayer`]; from [`TollgateLayer::builder`].
@@ -67,6 +81,8 @@ pub struct Builder {
     exempt_preflight: bool,
     cors: Option<Cors>,
     reset: ResetHeader,
+    non_canonical_paths: NonCanonicalPaths,
+    path_case: PathCase,
 }
 
 impl Builder {
@@ -115,11 +131,27 @@ impl Builder {
         self
     }
 
+    /// What a request whose path is not in [canonical form](crate#canonical-paths) gets:
+    /// matched on the canonical form, which replaces its path (default), or refused with 400.
+    pub fn non_canonical_paths(mut self, paths: NonCanonicalPaths) -> Self {
+        self.non_canonical_paths = paths;
+        self
+    }
+
+    /// Whether routes match paths case-sensitively (default) or not: set
+    /// [`PathCase::Insensitive`] when the service serves `/LOGIN` as `/login`, or `/LOGIN`
+    /// escapes `/login`'s policy.
+    pub fn path_case(mut self, case: PathCase) -> Self {
+        self.path_case = case;
+        self
+    }
+
     /// The layer, once every route is valid.
     pub fn build(self) -> Result<TollgateLayer, BuildError> {
         let mut routes = RouteTable::default();
         for route in self.routes {
-            routes.add(route)?;
+            let key = pattern_key(&route.pattern, self.path_case)?;
+            routes.add(route, key)?;
         }
         let limited = routes.routes().filter_map(|r| match &r.action {
             Action::Limit { policy, .. } => Some(policy),
@@ -136,9 +168,24 @@ impl Builder {
             exempt_preflight: self.exempt_preflight,
             cors: self.cors,
             reset: self.reset,
+            non_canonical_paths: self.non_canonical_paths,
+            path_case: self.path_case,
         };
         Ok(TollgateLayer { shared: Arc::new(shared) })
     }
+}
+
+/// What a route pattern is matched as, once it is known to be canonical.
+fn pattern_key(pattern: &str, case: PathCase) -> Result<String, BuildError> {
+    let refused = |detail: String| BuildError::NonCanonicalPattern { pattern: pattern.to_owned(), detail };
+    if !pattern.starts_with('/') {
+        return Err(refused("a pattern starts with `/`".into()));
+    }
+    let canonical = canonicalize(pattern, Spelling::Pattern).map_err(|e| refused(e.to_string()))?;
+    if canonical != upper_case_escapes(pattern) {
+        return Err(refused(format!("requests are matched on canonical paths; write {canonical:?}")));
+    }
+    Ok(route_key(&canonical, case).into_owned())
 }
 
 /// A tower [`Layer`](tower::Layer) that rate-limits requests before they reach the service.
@@ -174,6 +221,8 @@ impl TollgateLayer {
             exempt_preflight: true,
             cors: None,
             reset: ResetHeader::Delta,
+            non_canonical_paths: NonCanonicalPaths::default(),
+            path_case: PathCase::default(),
         }
     }
 
@@ -230,13 +279,55 @@ fn limiter_key(policy: &str, key: &str) -> String {
     format!("{policy}:sha256:{hex}")
 }
 
+/// `req`'s path replaced by `path`, its query kept.
+fn set_path<B>(req: &mut Request<B>, path: &str) -> Result<(), http::Error> {
+    let path_and_query = match req.uri().query() {
+        Some(query) => PathAndQuery::try_from(format!("{path}?{query}"))?,
+        None => PathAndQuery::try_from(path)?,
+    };
+    let mut parts = req.uri().clone().into_parts();
+    parts.path_and_query = Some(path_and_query);
+    *req.uri_mut() = Uri::from_parts(parts)?;
+    Ok(())
+}
+
 impl Shared {
+    /// The key `req`'s route is found by, from its canonical path; under
+    /// [`NonCanonicalPaths::Normalize`] the canonical path replaces the request's.
+    fn route_path<B>(&self, req: &mut Request<B>) -> Result<String, PathError> {
+        let Cow::Owned(canonical) = canonicalize(req.uri().path(), Spelling::Request)? else {
+            return Ok(route_key(req.uri().path(), self.path_case).into_owned());
+        };
+        match self.non_canonical_paths {
+            NonCanonicalPaths::Reject => {
+                if canonical != upper_case_escapes(req.uri().path()) {
+                    return Err(PathError::NotCanonical { canonical });
+                }
+            }
+            NonCanonicalPaths::Normalize => {
+                // A canonical path holds only characters a URI's path may hold, so this
+                // cannot fail; were it to, the request is refused rather than passed on as sent.
+                set_path(req, &canonical).map_err(|e| {
+                    tracing::error!(error = %e, path = %canonical, "a canonical path was not a valid URI");
+                    PathError::NotCanonical { canonical: canonical.clone() }
+                })?;
+            }
+        }
+        Ok(route_key(&canonical, self.path_case).into_owned())
+    }
+
     /// Decides on `req`, handing it back for the inner service.
-    async fn gate<B>(&self, req: Request<B>) -> (Request<B>, Gate) {
+    async fn gate<B>(&self, mut req: Request<B>) -> (Request<B>, Gate) {
+        // First, so that even an exempt or preflight request reaches the service only by its
+        // canonical path.
+        let path = match self.route_path(&mut req) {
+            Ok(path) => path,
+            Err(e) => return (req, Gate::Answer(Problem::invalid_path(e.to_string()), HeaderMap::new())),
+        };
         if self.exempt_preflight && is_preflight(&req) {
             return (req, Gate::Pass);
         }
-        let (policy, key) = match self.routes.find(req.uri().path(), req.method()) {
+        let (policy, key) = match self.routes.find(&path, req.method()) {
             Some(Action::Exempt) => return (req, Gate::Pass),
             Some(Action::Limit { policy, key }) => (policy, key.as_ref().unwrap_or(&self.key)),
             None => match &self.default {

@@ -46,12 +46,32 @@
 //! The peer address comes from axum's `ConnectInfo<SocketAddr>` (serve with
 //! `into_make_service_with_connect_info`) or a `SocketAddr` that a hyper server loop puts in the
 //! request's extensions.
+//!
+//! # Canonical paths
+//!
+//! Routes are matched on one spelling of each path, so that `//login`, `/./login`, `/%6Cogin`,
+//! `/x/../login` or `/login;x` cannot miss `/login`'s policy while the service behind serves
+//! them as `/login`. The canonical form decodes escaped unreserved characters (`%6C` is `l`,
+//! `%2e` is `.`), keeps other escapes (hex upper-cased) and encodes what a path may not hold
+//! raw, drops `;` parameters from every segment, merges `//` and resolves `.` and `..`
+//! (never above the root). Refused with 400 (problem+json naming `path`) whatever the mode,
+//! because servers disagree on what they mean: `%2F`, `\` and `%5C`, `%25`, control
+//! characters (`%00`), `%` without two hex digits, and escapes that are not UTF-8 (`%ff`).
+//! Matching ignores a trailing `/`, and ASCII case under [`PathCase::Insensitive`].
+//!
+//! A path that is not canonical is, by [`NonCanonicalPaths`], matched on its canonical form,
+//! which replaces the request's path before the service sees it (`Normalize`, the default),
+//! or refused with 400 (`Reject`). Route patterns must be canonical (the builder refuses one
+//! that is not). Note that axum's `Router::layer` runs after the router has chosen a handler by
+//! the path as sent; wrap the whole router (`tower::Layer::layer(&layer, router)`) for the
+//! router to see the canonical path too.
 
 mod body;
 pub mod config;
 pub mod headers;
 mod key;
 mod layer;
+mod path;
 #[cfg(feature = "remote")]
 mod remote;
 mod response;
@@ -67,6 +87,7 @@ pub use key::{
     CidrError, ExtractError, ForwardedHeader, IpGrouping, Key, Rejection, TrustedProxies, peer_addr,
 };
 pub use layer::{BuildError, Builder, RateLimitInfo, Tollgate, TollgateLayer};
+pub use path::{NonCanonicalPaths, PathCase, PathError};
 #[cfg(feature = "remote")]
 pub use remote::{MAX_REMOTE_RULES, RemoteBackend};
 pub use response::Cors;

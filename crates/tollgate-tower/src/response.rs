@@ -8,7 +8,6 @@ use crate::ResponseBody;
 use crate::headers::RATE_LIMIT_HEADERS;
 
 const API_DOCS: &str = "https://github.com/tollgate-rs/tollgate/blob/main/docs/api.md#";
-const TOWER_DOCS: &str = "https://github.com/tollgate-rs/tollgate/blob/main/README.md#tower-middleware";
 
 /// Which origins a layer's own answers (429, and its 400, 401 and 503) allow to read them.
 /// Without it, a browser hides a 429 from the page's script behind a CORS error, because the
@@ -80,6 +79,9 @@ pub(crate) struct Problem {
     detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     policy: Option<String>,
+    /// The request part at fault, as the server's problems name it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'static str>,
     #[serde(skip)]
     grpc_status: u8,
 }
@@ -87,12 +89,28 @@ pub(crate) struct Problem {
 impl Problem {
     pub(crate) fn rate_limited(policy: &str, retry_after_secs: u64) -> Self {
         Problem {
-            kind: TOWER_DOCS.to_owned(),
+            // The problem type's own entry, not the layer's README section: the same answer
+            // comes from `tollgate proxy`, whose clients never saw the layer.
+            kind: format!("{API_DOCS}rate-limited"),
             title: "Too many requests",
             status: 429,
             detail: format!("the rate limit of policy {policy:?} is reached; retry in {retry_after_secs} s"),
             policy: Some(policy.to_owned()),
+            field: None,
             grpc_status: 8, // RESOURCE_EXHAUSTED
+        }
+    }
+
+    /// A request path that is refused, or not canonical under `NonCanonicalPaths::Reject`.
+    pub(crate) fn invalid_path(detail: String) -> Self {
+        Problem {
+            kind: format!("{API_DOCS}invalid-request"),
+            title: "Invalid request",
+            status: 400,
+            detail,
+            policy: None,
+            field: Some("path"),
+            grpc_status: 3, // INVALID_ARGUMENT
         }
     }
 
@@ -108,6 +126,7 @@ impl Problem {
             status: status.as_u16(),
             detail,
             policy: None,
+            field: None,
             grpc_status,
         }
     }
@@ -119,6 +138,7 @@ impl Problem {
             status: 503,
             detail,
             policy: None,
+            field: None,
             grpc_status: 14, // UNAVAILABLE
         }
     }
@@ -130,6 +150,7 @@ impl Problem {
             status: 500,
             detail: "the rate limiter is misconfigured; see the service's logs".into(),
             policy: None,
+            field: None,
             grpc_status: 13, // INTERNAL
         }
     }

@@ -25,6 +25,12 @@ pub(crate) enum Action {
 /// the same pattern are tried in the order given, and a request no route takes gets the
 /// layer's default policy.
 ///
+/// Requests are matched on their [canonical path](crate#canonical-paths), without its
+/// trailing `/`, so a pattern must be canonical too (no `//`, `.` or `..` segments, `;` or
+/// needless escapes; the layer refuses one that is not); `/login` and `/login/` are one
+/// pattern. Write reserved characters (`!`, `:`, `@`, ...) as the requests spell them: escapes
+/// of reserved characters are kept as they are, not decoded.
+///
 /// ```
 /// use http::Method;
 /// use tollgate_core::Period;
@@ -87,33 +93,37 @@ pub struct RouteError {
     pub source: matchit::InsertError,
 }
 
-/// Every route, by pattern.
+/// Every route, by the [`route_key`](crate::path::route_key) of its pattern.
 #[derive(Clone, Default)]
 pub(crate) struct RouteTable {
     router: matchit::Router<usize>,
-    groups: Vec<Vec<Route>>,
+    /// Routes whose patterns have one key, in the order given; with that key.
+    groups: Vec<(String, Vec<Route>)>,
 }
 
 impl RouteTable {
-    pub(crate) fn add(&mut self, route: Route) -> Result<(), RouteError> {
-        if let Some(group) = self.groups.iter_mut().find(|g| g[0].pattern == route.pattern) {
+    /// Adds `route`, matched on `key`: its pattern in canonical form, as requests are (so
+    /// `/login` and `/login/` are one pattern, and under case-insensitive matching `/Login` too).
+    pub(crate) fn add(&mut self, route: Route, key: String) -> Result<(), RouteError> {
+        if let Some((_, group)) = self.groups.iter_mut().find(|(k, _)| *k == key) {
             group.push(route);
             return Ok(());
         }
         self.router
-            .insert(route.pattern.clone(), self.groups.len())
+            .insert(key.clone(), self.groups.len())
             .map_err(|source| RouteError { pattern: route.pattern.clone(), source })?;
-        self.groups.push(vec![route]);
+        self.groups.push((key, vec![route]));
         Ok(())
     }
 
-    /// The action of the first route whose pattern and methods take the request.
+    /// The action of the first route whose pattern and methods take the request; `path` is the
+    /// request's route key.
     pub(crate) fn find(&self, path: &str, method: &Method) -> Option<&Action> {
         let matched = self.router.at(path).ok()?;
-        self.groups[*matched.value].iter().find(|r| r.takes(method)).map(|r| &r.action)
+        self.groups[*matched.value].1.iter().find(|r| r.takes(method)).map(|r| &r.action)
     }
 
     pub(crate) fn routes(&self) -> impl Iterator<Item = &Route> {
-        self.groups.iter().flatten()
+        self.groups.iter().flat_map(|(_, group)| group)
     }
 }

@@ -112,6 +112,9 @@ async fn headers_on_every_limited_answer_and_a_problem_on_429() {
     assert_eq!(body["policy"], "api");
     assert_eq!(body["title"], "Too many requests");
     assert!(body["detail"].as_str().unwrap().contains("retry in 1 s"), "{body}");
+    // The problem type's own entry in the API's catalogue (the same answer comes from
+    // `tollgate proxy`, whose clients never saw the layer's README section).
+    assert_eq!(body["type"], "https://github.com/tollgate-rs/tollgate/blob/main/docs/api.md#rate-limited");
 }
 
 #[tokio::test]
