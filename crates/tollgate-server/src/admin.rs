@@ -119,6 +119,7 @@ fn store_problem(e: StoreError) -> Problem {
         StoreError::Exists { .. } => Problem::conflict(e.to_string()),
         StoreError::Stale { .. } => Problem::stale(e.to_string()),
         StoreError::OutOfScope { .. } => Problem::forbidden(e.to_string()),
+        StoreError::TokenRevoked { .. } => Problem::unauthorized(e.to_string()),
         StoreError::Invalid { field, message } => Problem::invalid(field, message),
         StoreError::Database(_) => {
             tracing::error!(error = %e, "policy database failed");

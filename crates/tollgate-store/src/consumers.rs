@@ -271,7 +271,7 @@ impl Store {
             created_at: now,
             updated_at: now,
         };
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_change(actor).await?;
         let v = record.limits.values();
         sqlx::query(&format!(
             "INSERT INTO consumer_limits ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
@@ -320,7 +320,7 @@ impl Store {
     ) -> Result<ConsumerLimit, StoreError> {
         actor.check("consumer limit", consumer_id, CONSUMER_LIMIT_APPS)?;
         let (from_ms, to_ms) = input.validate()?;
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_change(actor).await?;
         let before = self.consumer_limit(&mut tx, consumer_id, id, if_version).await?;
         let record = ConsumerLimit {
             limits: input.limits(),
@@ -379,7 +379,7 @@ impl Store {
         if_version: Option<i64>,
     ) -> Result<(), StoreError> {
         actor.check("consumer limit", consumer_id, CONSUMER_LIMIT_APPS)?;
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_change(actor).await?;
         let before = self.consumer_limit(&mut tx, consumer_id, id, if_version).await?;
         sqlx::query("DELETE FROM consumer_limits WHERE id = $1").bind(id).execute(&mut *tx).await?;
         let change = Change {

@@ -77,6 +77,13 @@ pub enum StoreError {
         /// The apps the actor is limited to.
         allowed: Vec<String>,
     },
+    /// The actor's token was revoked (or is no longer what it was when the request was
+    /// authenticated) before the change could be made.
+    #[error("token {actor:?} was revoked while its request was under way")]
+    TokenRevoked {
+        /// The token's name.
+        actor: String,
+    },
     /// The input is not valid.
     #[error("{message}")]
     Invalid {
@@ -178,6 +185,35 @@ impl Store {
 
     pub(crate) async fn begin(&self) -> Result<Transaction<'static, Any>, StoreError> {
         Ok(self.pool.begin().await?)
+    }
+
+    /// Begins a change by `actor`. A token actor is read again inside the transaction (its row
+    /// held `FOR SHARE` on PostgreSQL until the change commits, so a concurrent revocation
+    /// waits for it or is seen by it): a token revoked while its request was under way, or
+    /// whose apps are no longer those it was authenticated with, changes nothing.
+    pub(crate) async fn begin_change(
+        &self,
+        actor: Actor<'_>,
+    ) -> Result<Transaction<'static, Any>, StoreError> {
+        let mut tx = self.begin().await?;
+        if actor.is_token() {
+            let lock = if self.driver == Driver::Postgres { " FOR SHARE" } else { "" };
+            let row: Option<Option<String>> =
+                sqlx::query_scalar(&format!("SELECT apps FROM tokens WHERE name = $1{lock}"))
+                    .bind(actor.name())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let revoked = || StoreError::TokenRevoked { actor: actor.name().to_owned() };
+            let Some(apps) = row else { return Err(revoked()) };
+            let apps: Option<Vec<String>> = apps
+                .map(|text| serde_json::from_str(&text))
+                .transpose()
+                .map_err(|e| StoreError::Database(sqlx::Error::Decode(Box::new(e))))?;
+            if apps.as_deref() != actor.apps() {
+                return Err(revoked());
+            }
+        }
+        Ok(tx)
     }
 
     /// Ends a change: bumps the revision, records the audit entry, and commits, all in the

@@ -177,7 +177,7 @@ impl Store {
             created_at: now,
             updated_at: now,
         };
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_change(actor).await?;
         let inserted = sqlx::query(&format!(
             "INSERT INTO policies ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (name) DO NOTHING"
         ))
@@ -220,7 +220,7 @@ impl Store {
         input: &PolicyInput,
         if_version: Option<i64>,
     ) -> Result<PolicyRecord, StoreError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_change(actor).await?;
         let before = self.locked_policy(&mut tx, actor, name, if_version).await?;
         actor.check("policy", name, &input.apps)?;
         input.validate(name)?;
@@ -269,7 +269,7 @@ impl Store {
         name: &str,
         if_version: Option<i64>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_change(actor).await?;
         let before = self.locked_policy(&mut tx, actor, name, if_version).await?;
         sqlx::query("DELETE FROM policies WHERE name = $1 AND version = $2")
             .bind(name)

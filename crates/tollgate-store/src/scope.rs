@@ -12,20 +12,29 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Actor<'a> {
     name: &'a str,
+    /// Whether `name` is a token's, confirmed inside each change's transaction.
+    token: bool,
     /// `None`: every item, global ones included. `Some`: only items all of whose apps are here.
     apps: Option<&'a [String]>,
 }
 
 impl<'a> Actor<'a> {
     /// An actor restricted to `apps` (`None`: unrestricted), as a token is.
+    /// The store confirms, inside each change's transaction, that the token still exists
+    /// with these apps: a token revoked while its request was under way changes nothing.
     pub fn new(name: &'a str, apps: Option<&'a [String]>) -> Self {
-        Actor { name, apps }
+        Actor { name, token: true, apps }
     }
 
     /// An operator with the database in hand (the `tollgate token create` command, tests):
     /// unrestricted.
     pub fn operator(name: &'a str) -> Self {
-        Actor { name, apps: None }
+        Actor { name, token: false, apps: None }
+    }
+
+    /// Whether the actor is a token (confirmed in each change) rather than an operator.
+    pub(crate) fn is_token(&self) -> bool {
+        self.token
     }
 
     /// The name recorded for the change.

@@ -147,7 +147,7 @@ impl Store {
             created_by: actor.name().to_owned(),
             created_at: now_ms(),
         };
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_change(actor).await?;
         let inserted = sqlx::query(
             "INSERT INTO tokens (name, hash, role, apps, created_by, created_at) VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT (name) DO NOTHING",
@@ -240,7 +240,7 @@ impl Store {
     /// against the actor's apps inside the delete's transaction; refused with
     /// [`StoreError::OutOfScope`] when the token reaches beyond them.
     pub async fn delete_token(&self, actor: Actor<'_>, name: &str) -> Result<(), StoreError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_change(actor).await?;
         let row = sqlx::query(&format!(
             "SELECT name, role, apps, created_by, created_at FROM tokens WHERE name = $1{}",
             self.row_lock()

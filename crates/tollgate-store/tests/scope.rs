@@ -62,8 +62,9 @@ async fn policy_writes_are_checked_against_the_stored_row(store: &Store) {
     store.create_policy(operator, "shop-p", &input(1, &["shop"])).await.unwrap();
     store.create_policy(operator, "blog-p", &input(1, &["blog"])).await.unwrap();
     store.create_policy(operator, "global-p", &input(1, &[])).await.unwrap();
-    let mine = ["shop".to_owned()];
-    let editor = Actor::new("shop-editor", Some(&mine));
+    let (shop_editor, _) =
+        store.create_token(operator, "shop-editor", Role::Editor, apps(&["shop"])).await.unwrap();
+    let editor = shop_editor.actor();
 
     assert!(out_of_scope(store.create_policy(editor, "new-blog", &input(1, &["blog"])).await));
     assert!(out_of_scope(store.create_policy(editor, "new-global", &input(1, &[])).await));
@@ -77,11 +78,11 @@ async fn policy_writes_are_checked_against_the_stored_row(store: &Store) {
     assert!(out_of_scope(store.update_policy(editor, "blog-p", &input(2, &["blog"]), Some(9)).await));
     assert!(out_of_scope(store.update_policy(editor, "blog-p", &input(0, &["blog"]), None).await));
     assert!(out_of_scope(store.delete_policy(editor, "blog-p", Some(9)).await));
-    // Nothing changed, nothing audited beyond the three creations.
+    // Nothing changed, nothing audited beyond the three creations and the token's.
     for name in ["shop-p", "blog-p", "global-p"] {
         assert_eq!(store.get_policy(name).await.unwrap().version, 1, "{name}");
     }
-    assert_eq!(store.audit(&Page::default()).await.unwrap().len(), 3);
+    assert_eq!(store.audit(&Page::default()).await.unwrap().len(), 4);
 
     // Within its apps.
     store.update_policy(editor, "shop-p", &input(2, &["shop"]), Some(1)).await.unwrap();
@@ -129,6 +130,10 @@ async fn audit_entries_carry_their_scope(store: &Store) {
 /// seen by that update's check (the row is re-read, locked, inside its transaction).
 async fn a_concurrent_move_to_another_app_is_seen(url: &str, store: &Store) {
     store.create_policy(Actor::operator("root"), "contested", &input(1, &["shop"])).await.unwrap();
+    let (editor, _) = store
+        .create_token(Actor::operator("root"), "shop-editor", Role::Editor, apps(&["shop"]))
+        .await
+        .unwrap();
     let mut other = sqlx::PgConnection::connect(url).await.unwrap();
     let mut tx = other.begin().await.unwrap();
     sqlx::query("UPDATE policies SET apps = '[\"blog\"]', version = version + 1 WHERE name = 'contested'")
@@ -138,19 +143,20 @@ async fn a_concurrent_move_to_another_app_is_seen(url: &str, store: &Store) {
     let waiting = {
         let store = store.clone();
         tokio::spawn(async move {
-            let mine = ["shop".to_owned()];
-            store
-                .update_policy(
-                    Actor::new("shop-editor", Some(&mine)),
-                    "contested",
-                    &input(5, &["shop"]),
-                    None,
-                )
-                .await
+            store.update_policy(editor.actor(), "contested", &input(5, &["shop"]), None).await
         })
     };
     // Commit the move only once the scoped update is waiting on the row's lock, so its check
     // cannot have run on the row as it was before.
+    wait_for_a_lock_waiter(url, &waiting).await;
+    tx.commit().await.unwrap();
+    let result = waiting.await.unwrap();
+    assert!(out_of_scope(result), "the update saw the policy it was asked to change");
+    assert_eq!(store.get_policy("contested").await.unwrap().apps, ["blog"]);
+}
+
+/// Waits until a session of the database waits on a lock, or `task` ends (a failure).
+async fn wait_for_a_lock_waiter<T: std::fmt::Debug>(url: &str, task: &tokio::task::JoinHandle<T>) {
     let mut watcher = sqlx::PgConnection::connect(url).await.unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
@@ -161,16 +167,48 @@ async fn a_concurrent_move_to_another_app_is_seen(url: &str, store: &Store) {
         .await
         .unwrap();
         if waiting_on_lock > 0 {
-            break;
+            return;
         }
-        assert!(!waiting.is_finished(), "the update did not wait for the row: {:?}", waiting.await);
-        assert!(std::time::Instant::now() < deadline, "the update never waited on the row's lock");
+        assert!(!task.is_finished(), "the change did not wait for the row");
+        assert!(std::time::Instant::now() < deadline, "the change never waited on the row's lock");
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+}
+
+/// A token revoked while its change is under way changes nothing: revoked before, the change
+/// is refused; on PostgreSQL, a revocation committed while the change waits is seen by it.
+async fn a_revoked_token_changes_nothing(store: &Store) {
+    let operator = Actor::operator("root");
+    let (gone, _) = store.create_token(operator, "gone", Role::Admin, apps(&["shop"])).await.unwrap();
+    store.delete_token(operator, "gone").await.unwrap();
+    let revoked = |r: Result<_, StoreError>| matches!(r, Err(StoreError::TokenRevoked { .. }));
+    assert!(revoked(store.create_policy(gone.actor(), "p", &input(1, &["shop"])).await.map(|_| ())));
+    assert!(revoked(store.create_token(gone.actor(), "t", Role::Viewer, apps(&["shop"])).await.map(|_| ())));
+    assert!(store.get_policy("p").await.is_err());
+    // A token whose apps are not those it was authenticated with is not that token.
+    let (shop, _) = store.create_token(operator, "shop", Role::Admin, apps(&["shop"])).await.unwrap();
+    let wider = ["shop".to_owned(), "blog".to_owned()];
+    let forged = Actor::new(&shop.name, Some(&wider));
+    assert!(revoked(store.create_policy(forged, "p", &input(1, &["blog"])).await.map(|_| ())));
+    store.create_policy(shop.actor(), "p", &input(1, &["shop"])).await.unwrap();
+}
+
+/// PostgreSQL: a revocation committed while the token's change waits on the token's row.
+async fn a_concurrent_revocation_is_seen(url: &str, store: &Store) {
+    let (editor, _) =
+        store.create_token(Actor::operator("root"), "editor", Role::Editor, apps(&["shop"])).await.unwrap();
+    let mut other = sqlx::PgConnection::connect(url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query("DELETE FROM tokens WHERE name = 'editor'").execute(&mut *tx).await.unwrap();
+    let waiting = {
+        let store = store.clone();
+        tokio::spawn(async move { store.create_policy(editor.actor(), "late", &input(1, &["shop"])).await })
+    };
+    wait_for_a_lock_waiter(url, &waiting).await;
     tx.commit().await.unwrap();
     let result = waiting.await.unwrap();
-    assert!(out_of_scope(result), "the update saw the policy it was asked to change");
-    assert_eq!(store.get_policy("contested").await.unwrap().apps, ["blog"]);
+    assert!(matches!(result, Err(StoreError::TokenRevoked { .. })), "{result:?}");
+    assert!(store.get_policy("late").await.is_err());
 }
 
 macro_rules! on_both_drivers {
@@ -192,6 +230,8 @@ macro_rules! on_both_drivers {
             )*
             let url = server.fresh_database();
             a_concurrent_move_to_another_app_is_seen(&url, &Store::connect(&url).await.unwrap()).await;
+            let url = server.fresh_database();
+            a_concurrent_revocation_is_seen(&url, &Store::connect(&url).await.unwrap()).await;
         }
     };
 }
@@ -200,6 +240,7 @@ on_both_drivers!(
     a_scoped_admin_cannot_delete_a_token_beyond_its_apps_past_the_first_page,
     policy_writes_are_checked_against_the_stored_row,
     audit_entries_carry_their_scope,
+    a_revoked_token_changes_nothing,
 );
 
 /// Entries written before the scope columns existed get theirs from the recorded JSON when the
