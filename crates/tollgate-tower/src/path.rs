@@ -177,10 +177,19 @@ fn canonical_segment(segment: &str, offset: usize, spelling: Spelling) -> Result
     Ok(out)
 }
 
+/// Whether `path` is canonical at a glance: only unreserved characters, sub-delims, `:`, `@`
+/// and single `/`s, and no dot segments. Most paths are, and skip the work below.
+fn is_plainly_canonical(path: &str) -> bool {
+    path.starts_with('/')
+        && path.bytes().all(|b| b == b'/' || is_unreserved(b) || is_other_pchar(b))
+        && !path.contains("//")
+        && !path.split('/').any(|segment| segment == "." || segment == "..")
+}
+
 /// The canonical form of `path` (see the module's documentation); borrowed when `path` is
 /// already canonical. The asterisk form (`OPTIONS *`) is its own canonical form.
 pub(crate) fn canonicalize(path: &str, spelling: Spelling) -> Result<Cow<'_, str>, PathError> {
-    if path == "*" {
+    if path == "*" || is_plainly_canonical(path) {
         return Ok(Cow::Borrowed(path));
     }
     let rest = path.strip_prefix('/').unwrap_or(path);

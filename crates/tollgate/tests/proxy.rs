@@ -438,6 +438,8 @@ fn spellings() -> Vec<(&'static str, Expect)> {
         ("/login/", Forwarded("login", "/login/")),
         ("/login?x", Forwarded("login", "/login?x")),
         ("/login;jsessionid=0?next=/..", Forwarded("login", "/login?next=/..")),
+        // The absolute form, as sent to a forward proxy.
+        ("http://upstream.example/x/../login", Forwarded("login", "/login")),
         ("/%2Flogin", Refused),
         ("/x/..%2flogin", Refused),
         ("/login%00", Refused),
