@@ -177,10 +177,19 @@ fn canonical_segment(segment: &str, offset: usize, spelling: Spelling) -> Result
     Ok(out)
 }
 
+/// Whether `path` is canonical at a glance: only unreserved characters, sub-delims, `:`, `@`
+/// and single `/`s, and no dot segments. Most paths are, and skip the work below.
+fn is_plainly_canonical(path: &str) -> bool {
+    path.starts_with('/')
+        && path.bytes().all(|b| b == b'/' || is_unreserved(b) || is_other_pchar(b))
+        && !path.contains("//")
+        && !path.split('/').any(|segment| segment == "." || segment == "..")
+}
+
 /// The canonical form of `path` (see the module's documentation); borrowed when `path` is
 /// already canonical. The asterisk form (`OPTIONS *`) is its own canonical form.
 pub(crate) fn canonicalize(path: &str, spelling: Spelling) -> Result<Cow<'_, str>, PathError> {
-    if path == "*" {
+    if path == "*" || is_plainly_canonical(path) {
         return Ok(Cow::Borrowed(path));
     }
     let rest = path.strip_prefix('/').unwrap_or(path);
@@ -344,6 +353,46 @@ mod tests {
         assert_eq!(upper_case_escapes("/caf%c3%a9/x"), "/caf%C3%A9/x");
         assert_eq!(upper_case_escapes("/plain"), "/plain");
         assert_eq!(upper_case_escapes("/end%"), "/end%");
+    }
+
+    /// A server's reading of a path, as the lenient ones do it: parameters cut from each
+    /// segment, every escape decoded, empty and `.` segments dropped, `..` going up.
+    fn served_as(path: &str) -> Vec<Vec<u8>> {
+        let mut segments: Vec<Vec<u8>> = Vec::new();
+        for raw in path.split('/') {
+            let raw = raw.split(';').next().unwrap_or("");
+            let decoded: Vec<u8> = percent_encoding::percent_decode_str(raw).collect();
+            match decoded.as_slice() {
+                b"" | b"." => {}
+                b".." => {
+                    segments.pop();
+                }
+                _ => segments.push(decoded),
+            }
+        }
+        segments
+    }
+
+    proptest::proptest! {
+        /// Whatever the spelling: the canonical form is its own canonical form, holds no `//`,
+        /// dot segment or parameter, and a lenient server serves it as it serves the original.
+        #[test]
+        fn the_canonical_form_is_stable_and_served_as_the_original(
+            parts in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "/", "//", ".", "..", "%2e", "%2E", "%2e%2e", ";", ";x=1", "%6C", "%6c", "l", "L",
+                    "og", "in", "%3B", "%41", "%c3%a9", "é", "~", "%7e", "!", "@", "%20", "\"", "{",
+                ]),
+                0..12,
+            )
+        ) {
+            let path = format!("/{}", parts.concat());
+            let canonical = canonicalize(&path, Spelling::Request).unwrap().into_owned();
+            proptest::prop_assert!(matches!(canonicalize(&canonical, Spelling::Request), Ok(Cow::Borrowed(_))), "{canonical}");
+            proptest::prop_assert!(!canonical.contains("//") && !canonical.contains(';'), "{canonical}");
+            proptest::prop_assert!(!canonical.split('/').any(|s| s == "." || s == ".."), "{canonical}");
+            proptest::prop_assert_eq!(served_as(&canonical), served_as(&path), "{} -> {}", path, canonical);
+        }
     }
 
     #[test]

@@ -71,6 +71,26 @@ const HOP_BY_HOP: [&str; 8] = [
     "transfer-encoding",
 ];
 
+/// Headers with which IIS's URL Rewrite and frameworks that trust it (older Symfony and Zend)
+/// replace the request's path: from a client, a way around the route the layer matched.
+const PATH_OVERRIDES: [&str; 2] = ["x-original-url", "x-rewrite-url"];
+
+/// This hop's `Forwarded` element (RFC 7239 4): the peer (`for`, IPv6 bracketed and quoted),
+/// the `Host` it asked for (quoted; left out when it cannot be a quoted-string), and `proto`
+/// (the proxy listens on plain HTTP).
+fn forwarded_element(peer: IpAddr, host: Option<&HeaderValue>) -> String {
+    let mut element = match peer {
+        IpAddr::V4(ip) => format!("for={ip}"),
+        IpAddr::V6(ip) => format!("for=\"[{ip}]\""),
+    };
+    let host = host.and_then(|h| h.to_str().ok()).filter(|h| !h.contains(['"', '\\']));
+    if let Some(host) = host {
+        element.push_str(&format!(";host=\"{host}\""));
+    }
+    element.push_str(";proto=http");
+    element
+}
+
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Headers named in Connection are hop-by-hop too.
     let named: Vec<HeaderName> = headers
@@ -89,9 +109,11 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::UPGRADE);
 }
 
+/// An RFC 9457 problem of the proxy's own; `slug` is its entry in docs/api.md's problem types
+/// (the layer's answers, 429 and the path's 400 among them, point there too).
 fn problem(status: StatusCode, slug: &str, title: &str, detail: String) -> Response {
     let body = serde_json::json!({
-        "type": format!("https://github.com/tollgate-rs/tollgate/blob/main/README.md#{slug}"),
+        "type": format!("https://github.com/tollgate-rs/tollgate/blob/main/docs/api.md#{slug}"),
         "title": title,
         "status": status.as_u16(),
         "detail": detail,
@@ -110,9 +132,12 @@ impl Upstream {
         Ok(Uri::from_parts(parts)?)
     }
 
-    /// Sets the X-Forwarded-* headers: the peer appended to X-Forwarded-For; Proto and Host
-    /// passed on from trusted proxies, else written from this hop (a client must not choose
-    /// them).
+    /// Sets the forwarding headers: the peer appended to X-Forwarded-For; this hop's element
+    /// appended to `Forwarded` (RFC 7239); X-Forwarded-Proto, X-Forwarded-Host and X-Real-IP
+    /// passed on from trusted proxies, else written from this hop. A client that is not a
+    /// trusted proxy chooses none of them: its own `Forwarded` and `X-Real-IP` are replaced, and
+    /// the path overrides some servers obey (`X-Original-URL`, `X-Rewrite-URL`) are dropped, as
+    /// they would route the request by a path the layer never matched.
     fn forwarded_headers(&self, headers: &mut HeaderMap, peer: IpAddr) {
         let peer = peer.to_canonical();
         let xff = HeaderName::from_static("x-forwarded-for");
@@ -126,6 +151,30 @@ impl Upstream {
             headers.insert(xff, value);
         }
         let trusted = self.trusted.iter().any(|n| n.contains(&peer));
+        let element = forwarded_element(peer, headers.get(header::HOST));
+        let before: Result<Vec<&str>, _> =
+            headers.get_all(header::FORWARDED).iter().map(|v| v.to_str()).collect();
+        let forwarded = match before {
+            Ok(before) if trusted && !before.is_empty() => format!("{}, {element}", before.join(", ")),
+            _ => element,
+        };
+        // Removed first: whatever happens next, a client's own list never goes on.
+        headers.remove(header::FORWARDED);
+        if let Ok(value) = HeaderValue::try_from(forwarded) {
+            headers.insert(header::FORWARDED, value);
+        }
+        let real_ip = HeaderName::from_static("x-real-ip");
+        if !(trusted && headers.contains_key(&real_ip)) {
+            headers.remove(&real_ip);
+            if let Ok(value) = HeaderValue::try_from(peer.to_string()) {
+                headers.insert(real_ip, value);
+            }
+        }
+        if !trusted {
+            for name in PATH_OVERRIDES {
+                headers.remove(name);
+            }
+        }
         let proto = HeaderName::from_static("x-forwarded-proto");
         if !(trusted && headers.contains_key(&proto)) {
             headers.insert(proto, HeaderValue::from_static("http"));
@@ -151,7 +200,7 @@ async fn forward(
     let uri = match upstream.uri(&parts.uri) {
         Ok(uri) => uri,
         Err(e) => {
-            return problem(StatusCode::BAD_REQUEST, "gateway-mode", "Invalid request", e.to_string());
+            return problem(StatusCode::BAD_REQUEST, "invalid-request", "Invalid request", e.to_string());
         }
     };
     strip_hop_by_hop(&mut parts.headers);
@@ -169,11 +218,11 @@ async fn forward(
         Ok(Err(e)) => {
             tracing::warn!(error = %e, upstream = %upstream.base, "upstream request failed");
             let detail = format!("the upstream {} could not be reached: {e}", upstream.base);
-            problem(StatusCode::BAD_GATEWAY, "gateway-mode", "Bad gateway", detail)
+            problem(StatusCode::BAD_GATEWAY, "bad-gateway", "Bad gateway", detail)
         }
         Err(_) => {
             let detail = format!("the upstream did not answer within {:?}", upstream.timeout);
-            problem(StatusCode::GATEWAY_TIMEOUT, "gateway-mode", "Gateway timeout", detail)
+            problem(StatusCode::GATEWAY_TIMEOUT, "gateway-timeout", "Gateway timeout", detail)
         }
     }
 }

@@ -511,7 +511,7 @@ fn raw_catalogue() -> Vec<(&'static str, Vec<u8>)> {
         format!("POST /v1/check HTTP/1.1\r\nhost: x\r\n{headers}\r\n{body}").into_bytes()
     };
     let body = r#"{"key": "victim", "policy": "victim", "cost": 10}"#;
-    vec![
+    let mut cases = vec![
         (
             "raw: two content-lengths",
             post(
@@ -610,7 +610,33 @@ fn raw_catalogue() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("raw: half a head", b"POST /v1/check HTTP/1.1\r\nhost: x\r\ncontent-ty".to_vec()),
         ("raw: nothing at all", Vec::new()),
-    ]
+    ];
+    // Issue 18, canonical paths: the API has one spelling per route. Each of these, which
+    // nginx, Spring, werkzeug or http.server would serve as /v1/check, must be a 4xx, and
+    // must not spend the victim's unit (which the victims' unchanged state proves).
+    let spend_one = r#"{"key": "victim", "policy": "victim", "cost": 1}"#;
+    for (name, path) in [
+        ("raw: path //v1/check", "//v1/check"),
+        ("raw: path /v1//check", "/v1//check"),
+        ("raw: path /v1/./check", "/v1/./check"),
+        ("raw: path /v1/x/../check", "/v1/x/../check"),
+        ("raw: path /v1/%2e%2e/v1/check", "/v1/%2e%2e/v1/check"),
+        ("raw: path /v1/%63heck", "/v1/%63heck"),
+        ("raw: path /v1/check;x", "/v1/check;x"),
+        ("raw: path /v1/check/", "/v1/check/"),
+        ("raw: path /V1/CHECK", "/V1/CHECK"),
+        ("raw: path /v1%2Fcheck", "/v1%2Fcheck"),
+        ("raw: path /v1/check%00", "/v1/check%00"),
+        ("raw: path /v1\\check", "/v1\\check"),
+        ("raw: path /v1/check%zz", "/v1/check%zz"),
+    ] {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{spend_one}",
+            spend_one.len()
+        );
+        cases.push((name, request.into_bytes()));
+    }
+    cases
 }
 
 /// Sends raw bytes; answers the status of the first response (0 when the connection closed
