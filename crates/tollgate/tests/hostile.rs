@@ -327,6 +327,15 @@ fn http_catalogue() -> Vec<HttpCase> {
         content_type: None,
         ..bad("content-type with a non-ASCII byte", check, plain, 415)
     });
+    // Issue 18, Redis loose ends: a reset is one Lua script (reset.lua) whose arguments are
+    // field counts and field names; keys that look like them, or that escape to three times
+    // their length in the Redis key name, reset themselves and nobody else.
+    cases.extend([
+        reset("reset 0 (a field count)", "0"),
+        reset("reset victim 1 daily", "victim 1 daily"),
+        reset("reset h (the shared hash's name)", "h"),
+        reset("reset of 512 bytes of %", &"%".repeat(512)),
+    ]);
     cases
 }
 
