@@ -343,6 +343,15 @@ fn http_catalogue() -> Vec<HttpCase> {
         bad("acquire inline limit 10,000 (2.9 MB of leases)", acquire, r#"{"key": "hostile-state", "limit": 10000, "lease": "365d", "cost": 10000}"#, 400),
         bad("acquire inline limit 1,000", acquire, r#"{"key": "hostile-state", "limit": 1000, "lease": "1s"}"#, 400),
     ]);
+    // Issue 18, Redis loose ends: a reset is one Lua script (reset.lua) whose arguments are
+    // field counts and field names; keys that look like them, or that escape to three times
+    // their length in the Redis key name, reset themselves and nobody else.
+    cases.extend([
+        reset("reset 0 (a field count)", "0"),
+        reset("reset victim 1 daily", "victim 1 daily"),
+        reset("reset h (the shared hash's name)", "h"),
+        reset("reset of 512 bytes of %", &"%".repeat(512)),
+    ]);
     cases
 }
 
