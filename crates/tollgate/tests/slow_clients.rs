@@ -257,13 +257,20 @@ async fn past_the_connection_cap_new_clients_wait_until_a_slot_frees() {
 async fn at_the_cap_idle_keep_alive_connections_make_room_at_once() {
     const CAP: usize = 6;
     let server = Tollgate::start(&config(CAP, "30s"), &[]).await;
-    // CAP keep-alive clients, each served once and now idle (the idle timeout is 30 s).
+    // The readiness poll's pooled connection and CAP - 1 keep-alive clients, each served once
+    // and now idle (the idle timeout is 30 s): the server is full.
     let mut idle = Vec::new();
-    for _ in 0..CAP {
+    for _ in 0..CAP - 1 {
         let mut client = TcpStream::connect(addr(&server.base)).await.unwrap();
         client.write_all(check_request(true).as_bytes()).await.unwrap();
         assert!(read_response(&mut client).await.starts_with("HTTP/1.1 200"));
         idle.push(client);
+    }
+    // Full, but nobody waits: they keep their connections.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for client in &mut idle {
+        client.write_all(check_request(true).as_bytes()).await.unwrap();
+        assert!(read_response(client).await.starts_with("HTTP/1.1 200"));
     }
     let start = Instant::now();
     let mut fresh = TcpStream::connect(addr(&server.base)).await.unwrap();
