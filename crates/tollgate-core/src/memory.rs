@@ -209,7 +209,8 @@ struct Shard {
     /// Kept lazily: a record is added when a key is created or its expiry moves earlier (rare:
     /// a refund, a release, a reset), not when it moves later (most checks), so every key has
     /// a record at or below its expiry, the one at its `floor`; others are stale and skipped.
-    /// Rebuilt from `map` by a sweep, or when stale records outnumber keys.
+    /// Rebuilt from `map` when stale records outnumber the keys (checked on every record added
+    /// and after every sweep), so it holds at most about twice as many records as keys.
     by_expiry: BinaryHeap<Reverse<(i64, Arc<str>)>>,
     /// Most keys this shard holds.
     cap: usize,
@@ -231,6 +232,11 @@ impl Shard {
             entry.floor = entry.expires_at;
         }
         self.by_expiry.push(record);
+        self.compact_index();
+    }
+
+    /// Rebuilds the index once stale records (of keys gone, or moved) outnumber the keys.
+    fn compact_index(&mut self) {
         if self.by_expiry.len() > 2 * self.map.len() + MIN_MAX_KEYS {
             self.rebuild_index();
         }
@@ -558,7 +564,7 @@ impl<C: Clock> MemoryBackend<C> {
             .map(|i| {
                 let mut shard = self.lock(i);
                 shard.map.retain(|_, entry| entry.prune(now));
-                shard.rebuild_index();
+                shard.compact_index();
                 shard.map.len()
             })
             .sum()

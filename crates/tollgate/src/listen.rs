@@ -2,9 +2,9 @@
 //! connection to hyper-util (HTTP/1.1, and HTTP/2 with prior knowledge), with the bounds a
 //! stranger must not be able to stretch ([`Limits`], from the config's `[server]` section):
 //!
-//! - a cap on open connections: past it, the loop stops accepting, so new connections wait in
-//!   the kernel's backlog (they are served in turn as others close, rather than refused), and
-//!   idle keep-alive connections are asked to close to make room;
+//! - a cap on open connections: past it, one new connection is accepted and held unserved and
+//!   the next ones wait in the kernel's backlog (all served in turn as others close, rather
+//!   than refused), and idle keep-alive connections are asked to close to make room;
 //! - a header timeout: a request's head must arrive whole within it, counted from the
 //!   connection's opening, or from the first byte after it went idle;
 //! - an idle timeout: a connection with no request in flight and nothing received closes
@@ -96,21 +96,6 @@ pub(crate) async fn serve(
     let builder = Arc::new(builder);
     tokio::pin!(shutdown);
     'accept: loop {
-        let permit = loop {
-            if let Ok(permit) = slots.clone().try_acquire_owned() {
-                break permit;
-            }
-            waiting.store(true, Ordering::Release);
-            make_room.send_modify(|n| *n += 1);
-            tokio::select! {
-                permit = slots.clone().acquire_owned() => break permit.expect("the semaphore is never closed"),
-                // Again, for connections that went idle since (and at most this often: each
-                // bump wakes every connection).
-                () = tokio::time::sleep(MAKE_ROOM_INTERVAL) => {}
-                () = &mut shutdown => break 'accept,
-            }
-        };
-        waiting.store(false, Ordering::Release);
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -120,6 +105,27 @@ pub(crate) async fn serve(
                 }
             },
             () = &mut shutdown => break,
+        };
+        // At the cap, this connection waits for a slot (and the next ones in the backlog), and
+        // idle connections are asked to close: only when someone is waiting, so that keep-alive
+        // clients keep their connections while the server is merely full.
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                waiting.store(true, Ordering::Release);
+                let permit = loop {
+                    make_room.send_modify(|n| *n += 1);
+                    tokio::select! {
+                        permit = slots.clone().acquire_owned() => break permit.expect("the semaphore is never closed"),
+                        // Again, for connections that went idle since (and at most this often:
+                        // each bump wakes every connection).
+                        () = tokio::time::sleep(MAKE_ROOM_INTERVAL) => {}
+                        () = &mut shutdown => break 'accept,
+                    }
+                };
+                waiting.store(false, Ordering::Release);
+                permit
+            }
         };
         let _ = stream.set_nodelay(true);
         let connection = Connection {

@@ -257,13 +257,20 @@ async fn past_the_connection_cap_new_clients_wait_until_a_slot_frees() {
 async fn at_the_cap_idle_keep_alive_connections_make_room_at_once() {
     const CAP: usize = 6;
     let server = Tollgate::start(&config(CAP, "30s"), &[]).await;
-    // CAP keep-alive clients, each served once and now idle (the idle timeout is 30 s).
+    // The readiness poll's pooled connection and CAP - 1 keep-alive clients, each served once
+    // and now idle (the idle timeout is 30 s): the server is full.
     let mut idle = Vec::new();
-    for _ in 0..CAP {
+    for _ in 0..CAP - 1 {
         let mut client = TcpStream::connect(addr(&server.base)).await.unwrap();
         client.write_all(check_request(true).as_bytes()).await.unwrap();
         assert!(read_response(&mut client).await.starts_with("HTTP/1.1 200"));
         idle.push(client);
+    }
+    // Full, but nobody waits: they keep their connections.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for client in &mut idle {
+        client.write_all(check_request(true).as_bytes()).await.unwrap();
+        assert!(read_response(client).await.starts_with("HTTP/1.1 200"));
     }
     let start = Instant::now();
     let mut fresh = TcpStream::connect(addr(&server.base)).await.unwrap();
@@ -352,4 +359,34 @@ async fn the_proxy_cuts_off_slow_heads_and_slow_bodies_too() {
     let response = read_response(&mut upload).await;
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(response.ends_with("200000 bytes"), "{response}");
+}
+
+#[tokio::test]
+async fn http2_with_prior_knowledge_still_works_and_idles_out() {
+    use http_body_util::BodyExt as _;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let server = Tollgate::start(&config(100, &format!("{}ms", IDLE_TIMEOUT.as_millis())), &[]).await;
+    let client: Client<_, String> = Client::builder(TokioExecutor::new()).http2_only(true).build_http();
+    for _ in 0..3 {
+        let request = axum::http::Request::post(format!("{}/v1/check", server.base))
+            .header("content-type", "application/json")
+            .body(CHECK.to_owned())
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        assert_eq!(response.version(), axum::http::Version::HTTP_2);
+        assert_eq!(response.status(), 200);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(String::from_utf8_lossy(&body).contains("\"allowed\":true"), "{body:?}");
+    }
+    // By hand: a connection that opens HTTP/2 and sends no request is closed like any other.
+    let mut raw = TcpStream::connect(addr(&server.base)).await.unwrap();
+    // The preface and an empty SETTINGS frame, then nothing.
+    raw.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00").await.unwrap();
+    let start = Instant::now();
+    let (_, closed) = read_until_closed(&mut raw, start).await;
+    let closed =
+        closed.unwrap_or_else(|| panic!("an HTTP/2 connection without requests held past {:?}", MARGIN * 2));
+    assert!(closed < HEADER_TIMEOUT.max(IDLE_TIMEOUT) + MARGIN, "closed after {closed:?}");
 }
