@@ -71,9 +71,14 @@ const HOP_BY_HOP: [&str; 8] = [
     "transfer-encoding",
 ];
 
-/// Headers with which IIS's URL Rewrite and frameworks that trust it (older Symfony and Zend)
-/// replace the request's path: from a client, a way around the route the layer matched.
-const PATH_OVERRIDES: [&str; 2] = ["x-original-url", "x-rewrite-url"];
+/// Headers with which an upstream may route a request by another path or method than the one
+/// the layer matched: IIS's URL Rewrite and frameworks that trust it (older Symfony and Zend)
+/// take the path from `X-Original-URL` or `X-Rewrite-URL`; Rails, Laravel, Spring's
+/// `HiddenHttpMethodFilter` variants and many API frameworks take the method from the
+/// `X-HTTP-Method-Override` family. From a client, each is a way around a route's policy (a GET
+/// route's limit dodged by a GET that the upstream runs as the limited POST).
+const ROUTE_OVERRIDES: [&str; 5] =
+    ["x-original-url", "x-rewrite-url", "x-http-method-override", "x-http-method", "x-method-override"];
 
 /// This hop's `Forwarded` element (RFC 7239 4): the peer (`for`, IPv6 bracketed and quoted),
 /// the `Host` it asked for (quoted; left out when it cannot be a quoted-string), and `proto`
@@ -136,8 +141,8 @@ impl Upstream {
     /// appended to `Forwarded` (RFC 7239); X-Forwarded-Proto, X-Forwarded-Host and X-Real-IP
     /// passed on from trusted proxies, else written from this hop. A client that is not a
     /// trusted proxy chooses none of them: its own `Forwarded` and `X-Real-IP` are replaced, and
-    /// the path overrides some servers obey (`X-Original-URL`, `X-Rewrite-URL`) are dropped, as
-    /// they would route the request by a path the layer never matched.
+    /// the path and method overrides some servers obey ([`ROUTE_OVERRIDES`]) are dropped, as
+    /// they would route the request by a path or method the layer never matched.
     fn forwarded_headers(&self, headers: &mut HeaderMap, peer: IpAddr) {
         let peer = peer.to_canonical();
         let xff = HeaderName::from_static("x-forwarded-for");
@@ -171,7 +176,7 @@ impl Upstream {
             }
         }
         if !trusted {
-            for name in PATH_OVERRIDES {
+            for name in ROUTE_OVERRIDES {
                 headers.remove(name);
             }
         }

@@ -159,6 +159,8 @@ async fn upstream() -> (String, Upstream) {
                     "host": h("host"), "forwarded_host": h("x-forwarded-host"), "x_trace": h("x-trace"),
                     "real_ip": h("x-real-ip"), "forwarded": h("forwarded"),
                     "original_url": h("x-original-url"), "rewrite_url": h("x-rewrite-url"),
+                    "method_override": h("x-http-method-override"), "method": h("x-http-method"),
+                    "override": h("x-method-override"),
                 }))
             }),
         )
@@ -303,15 +305,19 @@ async fn a_clients_own_forwarded_and_x_real_ip_are_replaced_unless_it_is_a_trust
             .header("x-real-ip", "198.51.100.1")
             .header("x-original-url", "/login")
             .header("x-rewrite-url", "/login")
+            .header("x-http-method-override", "POST")
+            .header("x-http-method", "POST")
+            .header("x-method-override", "POST")
             .send()
     };
     // 127.0.0.1 is not a trusted proxy (only 127.0.0.9 is): what it claims is replaced by what
-    // this hop saw, and the path overrides are dropped.
+    // this hop saw, and the path and method overrides are dropped.
     let r: Value = send("127.0.0.1").await.unwrap().json().await.unwrap();
     assert_eq!(r["real_ip"], "127.0.0.1");
     assert_eq!(r["forwarded"], format!("for=127.0.0.1;host=\"127.0.0.1:{port}\";proto=http"));
-    assert_eq!(r["original_url"], Value::Null);
-    assert_eq!(r["rewrite_url"], Value::Null);
+    for dropped in ["original_url", "rewrite_url", "method_override", "method", "override"] {
+        assert_eq!(r[dropped], Value::Null, "{dropped}: {r}");
+    }
     // A trusted proxy's are passed on, this hop's element appended to its Forwarded list.
     let r: Value = send("127.0.0.9").await.unwrap().json().await.unwrap();
     assert_eq!(r["real_ip"], "198.51.100.1");
@@ -322,6 +328,7 @@ async fn a_clients_own_forwarded_and_x_real_ip_are_replaced_unless_it_is_a_trust
         )
     );
     assert_eq!(r["original_url"], "/login");
+    assert_eq!(r["method_override"], "POST");
     // Without headers of its own, a client still gets this hop's.
     let r: Value = client().get(proxy.url("/headers")).send().await.unwrap().json().await.unwrap();
     assert_eq!(r["real_ip"], "127.0.0.1");
