@@ -292,6 +292,18 @@ impl ConfigError {
 }
 
 impl Config {
+    /// The file's policies whose state for one key could take more than
+    /// `[server] max_request_state` at worst, with that figure. They are applied all the same
+    /// (the budget holds only a stranger's inline rules; an operator's policy is sized on
+    /// purpose), but worth a warning: a caller with many keys can fill each one.
+    pub fn policies_over_budget(&self) -> Vec<(&str, u64)> {
+        self.policies
+            .iter()
+            .map(|(name, policy)| (name, policy.rules.worst_case_state()))
+            .filter(|&(_, bytes)| bytes > self.server.max_request_state)
+            .collect()
+    }
+
     /// Parses and validates `text`; `origin` names it in errors (a path, or `builtin`).
     pub fn from_toml(text: &str, origin: &str) -> Result<Config, ConfigError> {
         model::parse(text, origin)

@@ -399,6 +399,16 @@ mod tests {
     }
 
     #[test]
+    fn policies_over_the_inline_budget_are_named_not_refused() {
+        let text = "[policies.small]\nrules = [{ algorithm = \"sliding_window_log\", limit = 100, period = \"1h\" }]\n\
+                    [policies.big]\nrules = [{ algorithm = \"sliding_window_log\", limit = 10000, period = \"365d\" }]\n";
+        let c = parse(text, "t").unwrap();
+        assert_eq!(c.policies_over_budget(), [("big", 160 + 10_000 * 130)]);
+        let c = parse(&format!("[server]\nmax_request_state = 2000000\n{text}"), "t").unwrap();
+        assert!(c.policies_over_budget().is_empty());
+    }
+
+    #[test]
     fn policy_names_are_checked() {
         let e = error(
             "[policies.\"a b\"]\nrules = [{ algorithm = \"fixed_window\", limit = 1, period = \"1s\" }]\n",

@@ -56,6 +56,20 @@ fn init_logging(json: bool) {
     if json { builder.json().init() } else { builder.init() }
 }
 
+/// Logs each policy of the file whose state for one key could exceed `[server]
+/// max_request_state` (issue 18): applied all the same, since the operator sized it.
+fn warn_of_large_policies(config: &Config) {
+    for (policy, bytes) in config.policies_over_budget() {
+        tracing::warn!(
+            policy,
+            worst_case_bytes_per_key = bytes,
+            max_request_state = config.server.max_request_state,
+            "a policy's state for one key could take more than [server] max_request_state allows \
+             inline rules; it is applied all the same, but every key it counts can grow that large"
+        );
+    }
+}
+
 pub(crate) fn backend(config: &Config) -> anyhow::Result<(Arc<dyn Backend>, &'static str)> {
     let b = &config.backend;
     Ok(match b.kind {
@@ -114,6 +128,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         config.backend.use_redis(url.clone())?;
     }
     init_logging(args.json_logs || config.server.json_logs);
+    warn_of_large_policies(&config);
 
     tollgate_server::prometheus();
     let (backend, backend_name) = backend(&config)?;
@@ -152,6 +167,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
                     }
                     let names: Vec<&str> = new.policies.iter().map(|(n, _)| n).collect();
                     tracing::info!(policies = ?names, "configuration reloaded");
+                    warn_of_large_policies(&new);
                     state.replace_config(new);
                 }
                 Err(e) => {

@@ -53,6 +53,10 @@ async fn start(config: &str, redis: Option<&tollgate_testkit::RedisServer>) -> T
 
 async fn the_budget_holds(redis: Option<&tollgate_testkit::RedisServer>) {
     let server = start(BIG_POLICY, redis).await;
+    // The operator's own large policy is applied, with a warning at load.
+    let logs = server.logs();
+    assert!(logs.contains("max_request_state allows inline rules") && logs.contains("big"), "{logs}");
+    assert!(logs.contains("1300160"), "the warning gives the worst case: {logs}");
     let started = Instant::now();
     let (status, body) = problem(&server, "/v1/check", &attack("attacker")).await;
     let took = started.elapsed();
