@@ -141,6 +141,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let listen = config.server.listen;
     let limits = crate::listen::Limits::from_config(&config.server, Some(tollgate_server::MAX_BODY_BYTES));
+    let grpc_limits = crate::listen::Limits { max_body: None, ..limits };
     let startup = config.clone();
     let store = tollgate_store::Store::connect(&args.database.url)
         .await
@@ -218,17 +219,13 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The standard gRPC health service: SERVING for "" and for the rate-limit service.
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<tollgate_envoy::EnvoyServer>().await;
-    let grpc = tonic::transport::Server::builder()
-        .add_service(health_service)
+    // Served by the same connection loop as the HTTP API, so a stranger on the gRPC port meets
+    // the same header, body and idle timeouts and the same connection cap (issue 18). No body
+    // cap by Content-Length (gRPC sends none); tonic refuses messages over 4 MiB itself.
+    let grpc = tonic::service::Routes::new(health_service)
         .add_service(tollgate_envoy::EnvoyServer::new(envoy))
-        .serve_with_incoming(
-            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-        );
-    tokio::spawn(async move {
-        if let Err(e) = grpc.await {
-            tracing::error!(error = %e, "the gRPC service stopped");
-        }
-    });
+        .into_axum_router();
+    tokio::spawn(crate::listen::serve(grpc_listener, grpc, grpc_limits, std::future::pending()));
 
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
     let server = crate::listen::serve(listener, tollgate_server::router(state), limits, async move {

@@ -390,3 +390,46 @@ async fn http2_with_prior_knowledge_still_works_and_idles_out() {
         closed.unwrap_or_else(|| panic!("an HTTP/2 connection without requests held past {:?}", MARGIN * 2));
     assert!(closed < HEADER_TIMEOUT.max(IDLE_TIMEOUT) + MARGIN, "closed after {closed:?}");
 }
+
+#[tokio::test]
+async fn the_grpc_listener_has_the_same_bounds() {
+    use http_body_util::BodyExt as _;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let port = tollgate_testkit::free_port();
+    let grpc = format!("127.0.0.1:{port}");
+    let server =
+        Tollgate::start(&config(100, &format!("{}ms", IDLE_TIMEOUT.as_millis())), &["--grpc-listen", &grpc])
+            .await;
+    // Still a gRPC service: the standard health check answers SERVING (an empty
+    // HealthCheckRequest; the reply is the message `status: SERVING`, field 1 = 1).
+    let client: Client<_, String> = Client::builder(TokioExecutor::new()).http2_only(true).build_http();
+    let request = axum::http::Request::post(format!("http://{grpc}/grpc.health.v1.Health/Check"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body("\0\0\0\0\0".to_owned())
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    assert_eq!(trailers.get("grpc-status").map(|v| v.to_str().unwrap()), Some("0"), "{trailers:?}");
+    assert_eq!(&collected.to_bytes()[..], b"\0\0\0\0\x02\x08\x01");
+
+    // Half an HTTP/2 preface, then nothing: closed at the header timeout, as on the HTTP port.
+    let mut half = TcpStream::connect(&grpc).await.unwrap();
+    let start = Instant::now();
+    half.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    let (_, closed) = read_until_closed(&mut half, start).await;
+    let closed = closed.unwrap_or_else(|| panic!("half a preface held past {:?}", MARGIN * 2));
+    assert!(closed < HEADER_TIMEOUT + MARGIN, "closed after {closed:?}");
+    // A connection that opens HTTP/2 and sends no request is closed too.
+    let mut idle = TcpStream::connect(&grpc).await.unwrap();
+    idle.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00").await.unwrap();
+    let start = Instant::now();
+    let (_, closed) = read_until_closed(&mut idle, start).await;
+    let closed = closed.unwrap_or_else(|| panic!("an idle HTTP/2 connection held past {:?}", MARGIN * 2));
+    assert!(closed < HEADER_TIMEOUT.max(IDLE_TIMEOUT) + MARGIN, "closed after {closed:?}");
+    drop(server);
+}
