@@ -133,6 +133,13 @@ pub struct ConnectionSettings {
     /// (4,096) and idle ones are closed to make room. Default 10,000: well under the usual
     /// 65,536 open files, at about 10 KB of buffers each (100 MB).
     pub max_connections: usize,
+    /// Most connections open at once from one client address (IPv6: one /64, what one host
+    /// is usually given); past it, a new connection from that address is closed at once, so
+    /// one client cannot take the whole `max_connections` and make everyone else wait. 0
+    /// turns it off. Default 1,000: far above what a service's connection pool or Envoy
+    /// opens, a tenth of the default `max_connections`. Raise it (or turn it off) when a
+    /// load balancer or NAT puts many clients behind one address.
+    pub max_connections_per_address: usize,
 }
 
 impl ConnectionSettings {
@@ -147,6 +154,7 @@ impl Default for ConnectionSettings {
             body_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(75),
             max_connections: 10_000,
+            max_connections_per_address: 1_000,
         }
     }
 }

@@ -55,6 +55,7 @@ struct ServerSection {
     body_timeout: Spanned<Period>,
     idle_timeout: Spanned<Period>,
     max_connections: Spanned<usize>,
+    max_connections_per_address: usize,
 }
 
 impl Default for ServerSection {
@@ -74,6 +75,7 @@ impl Default for ServerSection {
             body_timeout: period(connections.body_timeout),
             idle_timeout: period(connections.idle_timeout),
             max_connections: Spanned::new(0..0, connections.max_connections),
+            max_connections_per_address: connections.max_connections_per_address,
         }
     }
 }
@@ -300,6 +302,7 @@ fn connection_settings(server: &ServerSection) -> Result<ConnectionSettings, (Ra
         body_timeout: timeout("body_timeout", &server.body_timeout)?,
         idle_timeout: timeout("idle_timeout", &server.idle_timeout)?,
         max_connections,
+        max_connections_per_address: server.max_connections_per_address,
     })
 }
 
@@ -436,7 +439,7 @@ mod tests {
         assert_eq!(c.limiter_settings().fallback_max_keys, tollgate_core::DEFAULT_MAX_KEYS);
 
         let c = parse(
-            "[server]\nheader_timeout = \"250ms\"\nbody_timeout = \"2s\"\nidle_timeout = \"1m\"\nmax_connections = 50\n[memory]\nmax_keys = 5000\n",
+            "[server]\nheader_timeout = \"250ms\"\nbody_timeout = \"2s\"\nidle_timeout = \"1m\"\nmax_connections = 50\nmax_connections_per_address = 7\n[memory]\nmax_keys = 5000\n",
             "t",
         )
         .unwrap();
@@ -445,6 +448,7 @@ mod tests {
             body_timeout: std::time::Duration::from_secs(2),
             idle_timeout: std::time::Duration::from_secs(60),
             max_connections: 50,
+            max_connections_per_address: 7,
         };
         assert_eq!(c.server.connections, expected);
         assert_eq!((c.memory.max_keys, c.limiter_settings().fallback_max_keys), (5000, 5000));

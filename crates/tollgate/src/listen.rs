@@ -2,6 +2,8 @@
 //! connection to hyper-util (HTTP/1.1, and HTTP/2 with prior knowledge), with the bounds a
 //! stranger must not be able to stretch ([`Limits`], from the config's `[server]` section):
 //!
+//! - a cap on open connections from one client address: past it, a new connection from that
+//!   address is closed at once, so that one client cannot take every slot of the cap below;
 //! - a cap on open connections: past it, one new connection is accepted and held unserved and
 //!   the next ones wait in the kernel's backlog (all served in turn as others close, rather
 //!   than refused), and idle keep-alive connections are asked to close to make room;
@@ -18,9 +20,10 @@
 //! hyper's own `header_read_timeout` is not used: it also runs while a keep-alive connection
 //! is idle, so it cannot be longer than the idle timeout, and HTTP/2 has none.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -58,6 +61,8 @@ pub(crate) struct Limits {
     pub idle_timeout: Duration,
     /// Most connections open at once.
     pub max_connections: usize,
+    /// Most connections open at once from one address (0: no cap).
+    pub max_connections_per_address: usize,
     /// Requests whose Content-Length is above this get 413 before their body is read (`None`:
     /// no cap, for the proxy, which streams bodies).
     pub max_body: Option<usize>,
@@ -71,6 +76,7 @@ impl Limits {
             body_timeout: c.body_timeout,
             idle_timeout: c.idle_timeout,
             max_connections: c.max_connections,
+            max_connections_per_address: c.max_connections_per_address,
             max_body,
         }
     }
@@ -85,6 +91,7 @@ pub(crate) async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_address = PerAddress::new(limits.max_connections_per_address);
     // While the loop waits for a slot, idle connections close to make room: those idle now
     // when `make_room` is bumped, those going idle when they see `waiting`.
     let waiting = Arc::new(AtomicBool::new(false));
@@ -106,6 +113,8 @@ pub(crate) async fn serve(
             },
             () = &mut shutdown => break,
         };
+        // Closed at once (dropped) when its address already holds its share.
+        let Some(address_slot) = per_address.take(peer.ip()) else { continue };
         // At the cap, this connection waits for a slot (and the next ones in the backlog), and
         // idle connections are asked to close: only when someone is waiting, so that keep-alive
         // clients keep their connections while the server is merely full.
@@ -141,6 +150,7 @@ pub(crate) async fn serve(
         tokio::spawn(async move {
             connection.run(stream).await;
             drop(permit);
+            drop(address_slot);
         });
     }
     drop(listener);
@@ -148,6 +158,59 @@ pub(crate) async fn serve(
     // Every connection holds a slot until it closes.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     let _ = slots.acquire_many(all).await;
+}
+
+/// Open connections per client address (an IPv6 address counts as its /64: one host is
+/// usually given a whole /64, and could otherwise open connections from as many addresses).
+#[derive(Clone)]
+struct PerAddress {
+    cap: usize,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// One connection's place in its address's count, given back when dropped.
+struct AddressSlot {
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    address: IpAddr,
+}
+
+impl PerAddress {
+    fn new(cap: usize) -> Self {
+        PerAddress { cap, open: Arc::default() }
+    }
+
+    /// A place for a connection from `peer`, or `None` when its address holds `cap` already.
+    fn take(&self, peer: IpAddr) -> Option<Option<AddressSlot>> {
+        if self.cap == 0 {
+            return Some(None);
+        }
+        let address = match peer.to_canonical() {
+            IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+            v4 => v4,
+        };
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(address).or_default();
+        if *count >= self.cap {
+            tracing::debug!(%address, cap = self.cap, "connection closed: its address holds max_connections_per_address");
+            return None;
+        }
+        *count += 1;
+        Some(Some(AddressSlot { open: self.open.clone(), address }))
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                // Addresses with no connection are forgotten, so the map holds at most
+                // max_connections entries.
+                open.remove(&self.address);
+            }
+        }
+    }
 }
 
 /// Like axum's `serve`: errors about one connection are ignored; others (such as too many open

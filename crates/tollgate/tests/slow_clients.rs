@@ -433,3 +433,59 @@ async fn the_grpc_listener_has_the_same_bounds() {
     assert!(closed < HEADER_TIMEOUT.max(IDLE_TIMEOUT) + MARGIN, "closed after {closed:?}");
     drop(server);
 }
+
+/// A connection from `source` to `addr` (127.0.0.x are all this machine's).
+async fn connect_from(source: &str, addr: &str) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    socket.connect(addr.parse().unwrap()).await.unwrap()
+}
+
+#[tokio::test]
+async fn one_address_cannot_take_every_connection() {
+    let config = r#"
+[server]
+max_connections = 100
+max_connections_per_address = 3
+
+[policies.api]
+rules = [{ algorithm = "fixed_window", limit = 1000000, period = "1m" }]
+"#;
+    let server = Tollgate::start(config, &[]).await;
+    let addr = addr(&server.base);
+    // 127.0.0.3 is this test's alone (the harness's own client keeps a connection from
+    // 127.0.0.1). Three silent connections from it hold its share (the header timeout is 10 s).
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(connect_from("127.0.0.3", &addr).await);
+    }
+    // A fourth from the same address is closed at once, without an answer.
+    let mut fourth = connect_from("127.0.0.3", &addr).await;
+    let start = Instant::now();
+    let _ = fourth.write_all(check_request(false).as_bytes()).await;
+    let (got, closed) = read_until_closed(&mut fourth, start).await;
+    assert!(got.is_empty(), "the fourth connection was answered: {got:?}");
+    let closed = closed.expect("the fourth connection was held");
+    assert!(closed < Duration::from_secs(2), "closed only after {closed:?}");
+    // Another address is served meanwhile.
+    let mut other = connect_from("127.0.0.2", &addr).await;
+    other.write_all(check_request(false).as_bytes()).await.unwrap();
+    let answer = read_response(&mut other).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // Once one of the three closes, the address may connect again (well before the header
+    // timeout would have closed the other two).
+    drop(held.pop());
+    let deadline = Instant::now() + MARGIN;
+    loop {
+        let mut again = connect_from("127.0.0.3", &addr).await;
+        again.write_all(check_request(false).as_bytes()).await.unwrap();
+        let mut buf = [0u8; 12];
+        if let Ok(Ok(12)) = tokio::time::timeout(MARGIN, again.read_exact(&mut buf)).await {
+            assert_eq!(&buf, b"HTTP/1.1 200");
+            break;
+        }
+        // The server may not have seen the close yet.
+        assert!(Instant::now() < deadline, "the address's freed slot was not given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
