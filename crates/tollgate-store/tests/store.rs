@@ -1,8 +1,10 @@
 //! The store's behaviour, the same on both drivers: every scenario runs on a SQLite file and on
 //! a fresh database of a private PostgreSQL cluster.
 
+#[macro_use]
+mod common;
+
 use tollgate_store::{Actor, Page, PolicyInput, Role, Store, StoreError};
-use tollgate_testkit::PostgresServer;
 
 fn input(limit: u64, apps: &[&str]) -> PolicyInput {
     serde_json::from_value(serde_json::json!({
@@ -203,27 +205,6 @@ async fn consumer_limits_round_trip(store: &Store) {
     let audit = store.audit(&Page::default()).await.unwrap();
     assert_eq!(audit[0].kind, tollgate_store::ItemKind::ConsumerLimit);
     assert_eq!(audit[0].action, "delete");
-}
-
-macro_rules! on_both_drivers {
-    ($($scenario:ident),* $(,)?) => {
-        #[tokio::test]
-        async fn sqlite() {
-            $(
-                let dir = tempfile::tempdir().unwrap();
-                let url = format!("sqlite://{}", dir.path().join("t.db").display());
-                $scenario(&Store::connect(&url).await.unwrap()).await;
-            )*
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn postgres() {
-            let server = PostgresServer::start();
-            $(
-                $scenario(&Store::connect(&server.fresh_database()).await.unwrap()).await;
-            )*
-        }
-    };
 }
 
 on_both_drivers!(

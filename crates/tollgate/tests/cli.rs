@@ -6,7 +6,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Tollgate;
+use common::{Tollgate, eventually};
 use serde_json::{Value, json};
 
 fn policy(name: &str, limit: u64) -> String {
@@ -17,18 +17,6 @@ fn policy(name: &str, limit: u64) -> String {
 
 async fn info(server: &Tollgate) -> Value {
     server.client.get(server.url("/v1/info")).send().await.unwrap().json().await.unwrap()
-}
-
-/// Polls `probe` until it is true, for at most `within`.
-async fn eventually<F: Future<Output = bool>>(within: Duration, mut probe: impl FnMut() -> F) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if probe().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
 }
 
 #[tokio::test]

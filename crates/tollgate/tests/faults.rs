@@ -414,15 +414,18 @@ async fn a_storm_of_connections_is_answered_and_admits_exactly_the_limit() {
     // Every connection is open before any sends: then all send at once.
     let start = Instant::now();
     let barrier = Arc::new(tokio::sync::Barrier::new(STORM));
+    // From ten client addresses (127.0.0.10 to .19, all this machine's), 200 connections
+    // each: a storm of many clients, each within `max_connections_per_address`.
     let tasks: Vec<_> = (0..STORM)
-        .map(|_| {
+        .map(|i| {
             let barrier = Arc::clone(&barrier);
             tokio::spawn(async move {
-                let connected = tokio::time::timeout(
-                    Duration::from_secs(20),
-                    tokio::net::TcpStream::connect(("127.0.0.1", port)),
-                )
-                .await;
+                let connect = async move {
+                    let socket = tokio::net::TcpSocket::new_v4()?;
+                    socket.bind(std::net::SocketAddr::from(([127, 0, 0, 10 + (i % 10) as u8], 0)))?;
+                    socket.connect(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await
+                };
+                let connected = tokio::time::timeout(Duration::from_secs(20), connect).await;
                 barrier.wait().await;
                 let stream = match connected {
                     Ok(Ok(stream)) => stream,

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Tollgate;
+use common::{Tollgate, eventually};
 use serde_json::{Value, json};
 
 /// A configured policy far above the default budget (a year-long log of 10,000: 1.3 MB per key
@@ -115,22 +115,6 @@ async fn inline_rules_over_the_budget_are_refused_on_memory() {
 async fn inline_rules_over_the_budget_are_refused_on_redis() {
     let redis = tollgate_testkit::RedisServer::start();
     the_budget_holds(Some(&redis)).await;
-}
-
-/// Polls `probe` until it holds, for at most `within`.
-async fn eventually<F, Fut>(within: Duration, mut probe: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if probe().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
 }
 
 #[tokio::test]

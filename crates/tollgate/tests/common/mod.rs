@@ -223,3 +223,15 @@ pub fn problem_shape(
         }
     }
 }
+
+/// Polls `probe` every 50 ms until it is true, for at most `within`.
+pub async fn eventually<F: Future<Output = bool>>(within: Duration, mut probe: impl FnMut() -> F) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if probe().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
