@@ -12,12 +12,22 @@ use tollgate_store::PolicyInput;
 /// Where the server is and who is asking.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Remote {
-    /// The Tollgate server.
-    #[arg(long, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:8080", value_name = "URL")]
+    /// The Tollgate server: a URL, or an address such as 127.0.0.1:8080 (then http://).
+    #[arg(long, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:8080", value_name = "URL", value_parser = server_url)]
     server: String,
     /// An API token (see `tollgate token create`).
     #[arg(long, env = "TOLLGATE_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     token: String,
+}
+
+/// The server's base URL: `host:port` (no scheme) means `http://host:port`.
+fn server_url(given: &str) -> Result<String, String> {
+    let url = if given.contains("://") { given.to_owned() } else { format!("http://{given}") };
+    match reqwest::Url::parse(&url) {
+        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") && parsed.host().is_some() => Ok(url),
+        Ok(_) => Err(format!("{given:?} is not an http:// or https:// address")),
+        Err(e) => Err(format!("{given:?} is not an address: {e}")),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -246,5 +256,19 @@ pub(crate) async fn consumer(remote: Remote, command: ConsumerCommand) -> anyhow
                 .send(Method::GET, &format!("/v1/consumers/{}/call-limits", segment(&consumer)), None, None)
                 .await?,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::server_url;
+
+    #[test]
+    fn addresses_with_or_without_a_scheme() {
+        assert_eq!(server_url("127.0.0.1:8080").unwrap(), "http://127.0.0.1:8080");
+        assert_eq!(server_url("localhost:9000").unwrap(), "http://localhost:9000");
+        assert_eq!(server_url("https://rl.example:443").unwrap(), "https://rl.example:443");
+        assert!(server_url("ftp://x:21").is_err());
+        assert!(server_url("http://").is_err());
     }
 }

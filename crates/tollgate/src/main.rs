@@ -138,7 +138,8 @@ fn main() -> ExitCode {
         Command::CheckConfig { file } => match tollgate_config::Config::load(&file) {
             Ok(config) => {
                 let names: Vec<&str> = config.policies.iter().map(|(name, _)| name).collect();
-                println!("{}: ok, {} policies: {}", file.display(), names.len(), names.join(", "));
+                let noun = if names.len() == 1 { "policy" } else { "policies" };
+                println!("{}: ok, {} {noun}: {}", file.display(), names.len(), names.join(", "));
                 ExitCode::SUCCESS
             }
             Err(e) => {

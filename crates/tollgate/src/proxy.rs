@@ -19,7 +19,6 @@ use ipnet::IpNet;
 use tollgate_config::Config;
 use tollgate_limiter::Limiter;
 use tollgate_tower::RoutesConfig;
-use tracing_subscriber::EnvFilter;
 
 /// Arguments of `tollgate proxy`.
 #[derive(Debug, clap::Args)]
@@ -234,13 +233,7 @@ async fn forward(
 
 pub(crate) async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if args.json_logs {
-        logs.json().init()
-    } else {
-        logs.init()
-    }
+    crate::serve::init_logging(args.json_logs);
 
     if args.upstream.scheme_str() != Some("http") || args.upstream.authority().is_none() {
         anyhow::bail!("--upstream must be an http://host:port URL (got {})", args.upstream);

@@ -50,9 +50,14 @@ pub(crate) fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<tokio
 /// How long in-flight requests (delayed ones included) may take to finish after a signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-fn init_logging(json: bool) {
+/// Logs to standard error: JSON lines, or text coloured only when standard error is a terminal
+/// and `NO_COLOR` is not set (a log file or journal gets no escape codes).
+pub(crate) fn init_logging(json: bool) {
+    use std::io::IsTerminal as _;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     if json { builder.json().init() } else { builder.init() }
 }
 

@@ -66,6 +66,12 @@ fn check_config_accepts_the_example_and_names_the_line_of_a_mistake() {
     assert!(stdout.contains("ok, 5 policies: default, login, smooth, trial, uploads"), "{stdout}");
 
     let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one.toml");
+    std::fs::write(&one, policy("only", 1)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate")).arg("check-config").arg(&one).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("ok, 1 policy: only"), "{stdout}");
+
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "[server]\nlisten = \"127.0.0.1:1\"\n\n[policies.x]\nrules = [{ algorithm = \"fixed_window\", limit = 1, period = \"1 fortnight\" }]\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate")).arg("check-config").arg(&bad).output().unwrap();
@@ -163,4 +169,13 @@ async fn a_bad_redis_url_is_refused_at_start() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a Redis URL"));
+}
+
+#[tokio::test]
+async fn logs_written_to_a_file_carry_no_colour_codes() {
+    // The harness sends standard error to a file: not a terminal.
+    let server = Tollgate::start(&policy("p", 1), &[]).await;
+    let logs = server.logs();
+    assert!(logs.contains("tollgate is listening"), "{logs}");
+    assert!(!logs.contains('\x1b'), "escape codes in a log file: {logs:?}");
 }
