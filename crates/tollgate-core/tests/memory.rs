@@ -1,11 +1,8 @@
-//! Memory-backend specifics: bounded memory under key churn, and exactness under threads.
+//! Memory-backend specifics: bounded memory under key churn (exactness under threads: tollgate-testkit's tests/memory.rs).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tollgate_core::{LeaseId, ManualClock, MemoryBackend, Operation, Period, Rule, RuleSet};
-use tollgate_testkit::conformance::one_of_each;
+use tollgate_core::{ManualClock, MemoryBackend, Operation, Period, Rule, RuleSet};
 
 #[test]
 fn memory_stays_bounded_under_key_churn() {
@@ -50,36 +47,4 @@ fn expired_state_is_swept_and_live_state_is_kept() {
     assert!(backend.execute_now("both", &short, Operation::Check { cost: 1 }).unwrap().allowed());
     clock.advance(Duration::from_secs(3600));
     assert_eq!(backend.sweep(), 0);
-}
-
-#[test]
-fn exactly_the_limit_is_admitted_across_threads() {
-    let y: Period = "1y".parse().unwrap();
-    let backend = Arc::new(MemoryBackend::new());
-    for rule in one_of_each(1000, y) {
-        let rules = RuleSet::new([rule.clone(), Rule::fixed_window(3000, y)]).unwrap();
-        let admitted = Arc::new(AtomicUsize::new(0));
-        std::thread::scope(|s| {
-            for _ in 0..8 {
-                let (backend, rules, admitted) = (&backend, &rules, &admitted);
-                s.spawn(move || {
-                    for _ in 0..625 {
-                        let id = LeaseId::random();
-                        let op = if rules.has_concurrency() {
-                            Operation::Acquire { cost: 1, lease: &id }
-                        } else {
-                            Operation::Check { cost: 1 }
-                        };
-                        if backend.execute_now("one-key", rules, op).unwrap().allowed() {
-                            admitted.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                });
-            }
-        });
-        assert_eq!(admitted.load(Ordering::Relaxed), 1000, "{rule:?}");
-        let peek = backend.execute_now("one-key", &rules, Operation::Check { cost: 0 }).unwrap();
-        assert_eq!(peek.rules()[1].remaining, 2000, "{rule:?}: the second rule consumed exactly as much");
-        backend.reset_now("one-key", &rules).unwrap();
-    }
 }
