@@ -37,11 +37,13 @@ pub enum Direction {
 /// ```
 pub struct FaultProxy {
     port: u16,
-    shared: Arc<Shared>,
+    faults: Arc<Faults>,
     acceptor: Option<JoinHandle<()>>,
 }
 
-struct Shared {
+/// What the proxy's handle and its threads share: where to forward, the faults switched on
+/// now, counters, and the open connections.
+struct Faults {
     upstream: SocketAddr,
     /// Added delay per direction, in microseconds (indexed by [`Direction`]).
     latency_us: [AtomicU64; 2],
@@ -82,7 +84,7 @@ impl FaultProxy {
     pub fn start(upstream_port: u16) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("the fault proxy binds a loopback port");
         let port = listener.local_addr().expect("a bound address").port();
-        let shared = Arc::new(Shared {
+        let faults = Arc::new(Faults {
             upstream: SocketAddr::from(([127, 0, 0, 1], upstream_port)),
             latency_us: [AtomicU64::new(0), AtomicU64::new(0)],
             blackhole: AtomicBool::new(false),
@@ -94,13 +96,13 @@ impl FaultProxy {
             open: Mutex::new(HashMap::new()),
         });
         let acceptor = {
-            let shared = Arc::clone(&shared);
+            let faults = Arc::clone(&faults);
             std::thread::Builder::new()
                 .name(format!("fault-proxy-{port}"))
-                .spawn(move || accept_loop(&listener, &shared))
+                .spawn(move || accept_loop(&listener, &faults))
                 .expect("the fault proxy's thread starts")
         };
-        FaultProxy { port, shared, acceptor: Some(acceptor) }
+        FaultProxy { port, faults, acceptor: Some(acceptor) }
     }
 
     /// The proxy's own port (clients connect here).
@@ -124,13 +126,13 @@ impl FaultProxy {
     /// Delays the chunks flowing one way only.
     pub fn set_latency_towards(&self, direction: Direction, latency: Duration) {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-        self.shared.latency_us[direction as usize].store(micros, Ordering::Relaxed);
+        self.faults.latency_us[direction as usize].store(micros, Ordering::Relaxed);
     }
 
     /// Closes every open connection now (both sides see the connection end). New connections
     /// are accepted as usual unless [`refuse`](Self::refuse) says otherwise.
     pub fn drop_all(&self) {
-        for connection in self.shared.open.lock().unwrap_or_else(|e| e.into_inner()).values() {
+        for connection in self.faults.open.lock().unwrap_or_else(|e| e.into_inner()).values() {
             connection.close();
         }
     }
@@ -138,35 +140,35 @@ impl FaultProxy {
     /// While `on`, new connections are closed as soon as they are accepted: the upstream looks
     /// gone. Open connections are not touched (see [`drop_all`](Self::drop_all)).
     pub fn refuse(&self, on: bool) {
-        self.shared.refusing.store(on, Ordering::Release);
+        self.faults.refusing.store(on, Ordering::Release);
     }
 
     /// While `on`, connections stay open (and new ones are accepted and connected upstream)
     /// but nothing is forwarded either way: bytes are held, not lost, and flow again, in
     /// order, when it is turned off (a partition that heals, as TCP would deliver them).
     pub fn blackhole(&self, on: bool) {
-        self.shared.blackhole.store(on, Ordering::Release);
+        self.faults.blackhole.store(on, Ordering::Release);
     }
 
     /// Connections accepted so far (refused ones included).
     pub fn connections_accepted(&self) -> u64 {
-        self.shared.accepted.load(Ordering::Relaxed)
+        self.faults.accepted.load(Ordering::Relaxed)
     }
 
     /// Connections open now.
     pub fn connections_open(&self) -> usize {
-        self.shared.open.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.faults.open.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Bytes delivered so far, both directions together.
     pub fn bytes_forwarded(&self) -> u64 {
-        self.shared.forwarded.load(Ordering::Relaxed)
+        self.faults.forwarded.load(Ordering::Relaxed)
     }
 }
 
 impl Drop for FaultProxy {
     fn drop(&mut self) {
-        self.shared.stopping.store(true, Ordering::Release);
+        self.faults.stopping.store(true, Ordering::Release);
         // The acceptor blocks in accept(): a connection of our own wakes it to see `stopping`.
         let _ = TcpStream::connect_timeout(
             &SocketAddr::from(([127, 0, 0, 1], self.port)),
@@ -179,39 +181,39 @@ impl Drop for FaultProxy {
     }
 }
 
-fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+fn accept_loop(listener: &TcpListener, faults: &Arc<Faults>) {
     for client in listener.incoming() {
-        if shared.stopping.load(Ordering::Acquire) {
+        if faults.stopping.load(Ordering::Acquire) {
             return;
         }
         let Ok(client) = client else { continue };
-        shared.accepted.fetch_add(1, Ordering::Relaxed);
-        if shared.refusing.load(Ordering::Acquire) {
+        faults.accepted.fetch_add(1, Ordering::Relaxed);
+        if faults.refusing.load(Ordering::Acquire) {
             let _ = client.shutdown(Shutdown::Both);
             continue;
         }
         // Loopback connects at once or not at all; an upstream that is down closes the client.
-        let Ok(server) = TcpStream::connect_timeout(&shared.upstream, Duration::from_secs(2)) else {
+        let Ok(server) = TcpStream::connect_timeout(&faults.upstream, Duration::from_secs(2)) else {
             let _ = client.shutdown(Shutdown::Both);
             continue;
         };
         // Small messages (Redis commands) must not wait for Nagle's algorithm.
         let _ = client.set_nodelay(true);
         let _ = server.set_nodelay(true);
-        if let Err(e) = start_connection(shared, client, server) {
+        if let Err(e) = start_connection(faults, client, server) {
             eprintln!("fault proxy: cannot forward a connection: {e}");
         }
     }
 }
 
-fn start_connection(shared: &Arc<Shared>, client: TcpStream, server: TcpStream) -> std::io::Result<()> {
-    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+fn start_connection(faults: &Arc<Faults>, client: TcpStream, server: TcpStream) -> std::io::Result<()> {
+    let id = faults.next_id.fetch_add(1, Ordering::Relaxed);
     let connection = Arc::new(Connection {
         client: client.try_clone()?,
         server: server.try_clone()?,
         closed: AtomicBool::new(false),
     });
-    shared.open.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::clone(&connection));
+    faults.open.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::clone(&connection));
     let ended = Arc::new(AtomicU64::new(0));
     let pipes = [
         (Direction::Upstream, client.try_clone()?, server.try_clone()?),
@@ -219,17 +221,17 @@ fn start_connection(shared: &Arc<Shared>, client: TcpStream, server: TcpStream) 
     ];
     for (direction, from, to) in pipes {
         let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
-        let (shared_r, connection_r) = (Arc::clone(shared), Arc::clone(&connection));
+        let (shared_r, connection_r) = (Arc::clone(faults), Arc::clone(&connection));
         std::thread::Builder::new()
             .spawn(move || read_side(&shared_r, direction, from, &tx, &connection_r))?;
-        let (shared, connection, ended) = (Arc::clone(shared), Arc::clone(&connection), Arc::clone(&ended));
+        let (faults, connection, ended) = (Arc::clone(faults), Arc::clone(&connection), Arc::clone(&ended));
         std::thread::Builder::new().spawn(move || {
-            write_side(&shared, &rx, &to, &connection);
+            write_side(&faults, &rx, &to, &connection);
             // Once both directions are done, the connection is closed (which ends a reader
             // still waiting on its socket) and forgotten.
             if ended.fetch_add(1, Ordering::AcqRel) == 1 {
                 connection.close();
-                shared.open.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                faults.open.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
             }
         })?;
     }
@@ -238,7 +240,7 @@ fn start_connection(shared: &Arc<Shared>, client: TcpStream, server: TcpStream) 
 
 /// Reads chunks and hands them to the writer with the moment they are due.
 fn read_side(
-    shared: &Shared,
+    faults: &Faults,
     direction: Direction,
     mut from: TcpStream,
     tx: &mpsc::Sender<(Instant, Vec<u8>)>,
@@ -250,7 +252,7 @@ fn read_side(
             Ok(0) | Err(_) => return, // dropping `tx` tells the writer no more is coming
             Ok(n) => {
                 let delay =
-                    Duration::from_micros(shared.latency_us[direction as usize].load(Ordering::Relaxed));
+                    Duration::from_micros(faults.latency_us[direction as usize].load(Ordering::Relaxed));
                 if connection.is_closed() || tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
                     return;
                 }
@@ -262,7 +264,7 @@ fn read_side(
 /// Writes each chunk when it is due (and the black hole is off); half-closes its side when
 /// the reader saw the end, and closes the whole connection on an error.
 fn write_side(
-    shared: &Shared,
+    faults: &Faults,
     rx: &mpsc::Receiver<(Instant, Vec<u8>)>,
     mut to: &TcpStream,
     connection: &Connection,
@@ -272,14 +274,14 @@ fn write_side(
         if !wait.is_zero() {
             std::thread::sleep(wait);
         }
-        while shared.blackhole.load(Ordering::Acquire) && !connection.is_closed() {
+        while faults.blackhole.load(Ordering::Acquire) && !connection.is_closed() {
             std::thread::sleep(Duration::from_millis(2));
         }
         if connection.is_closed() || to.write_all(&chunk).is_err() {
             connection.close();
             return;
         }
-        shared.forwarded.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        faults.forwarded.fetch_add(chunk.len() as u64, Ordering::Relaxed);
     }
     let _ = to.shutdown(Shutdown::Write);
 }
