@@ -1,6 +1,8 @@
-//! `tollgate simulate`: replays a request pattern through each chosen rule on a simulated clock
-//! and shows what each admits and denies over time: a text table, JSON, and an SVG chart with
-//! one panel per rule, so users can choose an algorithm by seeing it.
+//! The machinery of `tollgate simulate`: replays a request pattern through each chosen rule on
+//! a simulated clock and shows what each admits and denies over time: a text table, JSON, and an
+//! SVG chart with one panel per rule, so users can choose an algorithm by seeing it. The command's
+//! arguments ([`SimulateArgs`]) are defined here too; the `tollgate` binary mounts them and calls
+//! [`run`]. This crate owns no server, backend or network code.
 //!
 //! Each rule gets its own engine: `tollgate_core`'s `MemoryBackend` on a `ManualClock` that is
 //! set to each request's time before the request is checked. The decisions are therefore the
