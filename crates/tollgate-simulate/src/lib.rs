@@ -177,6 +177,25 @@ fn max_in_span(admitted: &[(u64, u64)], span: u64) -> u64 {
     best
 }
 
+impl RuleRun {
+    /// Nothing decided yet, over `buckets` buckets.
+    fn new(label: String, rule: &Rule, requests: u64, buckets: usize) -> Self {
+        RuleRun {
+            label,
+            rule: rule.clone(),
+            requests,
+            admitted: 0,
+            denied: 0,
+            admitted_units: 0,
+            max_admitted_1s: 0,
+            window_s: 0.0,
+            max_admitted_window: 0,
+            admitted_per_bucket: vec![0; buckets],
+            denied_per_bucket: vec![0; buckets],
+        }
+    }
+}
+
 /// Replays `requests` through `rule` on its own engine and clock.
 fn replay(rule: &Rule, requests: &Requests, bucket: u64, buckets: usize) -> anyhow::Result<RuleRun> {
     let label = rules::label(rule);
@@ -184,19 +203,7 @@ fn replay(rule: &Rule, requests: &Requests, bucket: u64, buckets: usize) -> anyh
     let start = start_of(rule);
     let clock = ManualClock::new(Timestamp::from_micros(start));
     let engine = MemoryBackend::with_clock(clock.clone());
-    let mut run = RuleRun {
-        label,
-        rule: rule.clone(),
-        requests: requests.list.len() as u64,
-        admitted: 0,
-        denied: 0,
-        admitted_units: 0,
-        max_admitted_1s: 0,
-        window_s: 0.0,
-        max_admitted_window: 0,
-        admitted_per_bucket: vec![0; buckets],
-        denied_per_bucket: vec![0; buckets],
-    };
+    let mut run = RuleRun::new(label, rule, requests.list.len() as u64, buckets);
     let mut admitted_by_key: Vec<Vec<(u64, u64)>> = vec![Vec::new(); requests.keys.len()];
     for request in &requests.list {
         clock.set(Timestamp::from_micros(start + request.at));
