@@ -11,7 +11,10 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use super::{Report, RuleRun, SECOND, format_micros, round_step, rules, seconds};
+use crate::report::{Report, RuleRun};
+use crate::rules;
+use crate::time::{SECOND, round_step, seconds};
+use crate::traffic::format_micros;
 
 const WIDTH: u32 = 960;
 /// The line above the panels: the traffic.
