@@ -22,6 +22,7 @@
 //! ```
 
 mod model;
+mod redis_url;
 mod spec;
 mod watch;
 
@@ -34,8 +35,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tollgate_limiter::{LimiterSettings, Policy};
 
+pub use redis_url::{NotARedisUrl, RedisTopology};
 pub use spec::{
-    MAX_WAIT_LIMIT, PERIODS, PolicySpec, SixPeriods, SpecError, Strategy, rule_error_field, valid_policy_name,
+    MAX_WAIT_LIMIT, OnLimitKind, PERIODS, PolicySpec, SixPeriods, SpecError, rule_error_field,
+    valid_policy_name,
 };
 pub use watch::{Watcher, watch, watch_path};
 
@@ -228,7 +231,7 @@ impl BackendSettings {
     /// Switches to Redis at `url` (what `--redis` does).
     pub fn use_redis(&mut self, url: impl Into<String>) -> Result<(), ConfigError> {
         let url = url.into();
-        model::check_redis_url(&url).map_err(|message| ConfigError::at("--redis", None, message))?;
+        RedisTopology::of_url(&url).map_err(|e| ConfigError::at("--redis", None, e.to_string()))?;
         self.kind = BackendKind::Redis;
         self.url = Some(url);
         Ok(())

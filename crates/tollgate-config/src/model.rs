@@ -11,7 +11,8 @@ use tollgate_core::{Period, Rule};
 use tollgate_limiter::{FailurePolicy, LimiterSettings, Mode, Policy};
 use toml::Spanned;
 
-use crate::spec::{PolicySpec, SixPeriods, Strategy};
+use crate::redis_url::RedisTopology;
+use crate::spec::{OnLimitKind, PolicySpec, SixPeriods};
 use crate::{
     BackendKind, BackendSettings, Config, ConfigError, ConnectionSettings, ConsumerSettings, MemorySettings,
     Policies, ResetHeader, ServerSettings,
@@ -47,7 +48,7 @@ struct ServerSection {
     listen: Spanned<String>,
     reset_header: ResetHeader,
     json_logs: bool,
-    max_delayed: usize,
+    max_delayed: Spanned<usize>,
     max_request_state: Spanned<u64>,
     inline_limits: bool,
     // Connection bounds (`ConnectionSettings`).
@@ -58,23 +59,27 @@ struct ServerSection {
     max_connections_per_address: usize,
 }
 
+/// A default value: it has no place in the file, and is valid, so its span is never shown.
+fn unwritten<T>(value: T) -> Spanned<T> {
+    Spanned::new(0..0, value)
+}
+
 impl Default for ServerSection {
     fn default() -> Self {
         let connections = ConnectionSettings::default();
-        let period = |d: std::time::Duration| {
-            Spanned::new(0..0, Period::try_from(d).expect("the defaults are valid periods"))
-        };
+        let period =
+            |d: std::time::Duration| unwritten(Period::try_from(d).expect("the defaults are valid periods"));
         ServerSection {
-            listen: Spanned::new(0..0, "127.0.0.1:8080".into()),
+            listen: unwritten("127.0.0.1:8080".into()),
             reset_header: ResetHeader::Delta,
             json_logs: false,
-            max_delayed: LimiterSettings::default().max_delayed,
-            max_request_state: Spanned::new(0..0, crate::DEFAULT_MAX_REQUEST_STATE),
+            max_delayed: unwritten(LimiterSettings::default().max_delayed),
+            max_request_state: unwritten(crate::DEFAULT_MAX_REQUEST_STATE),
             inline_limits: true,
             header_timeout: period(connections.header_timeout),
             body_timeout: period(connections.body_timeout),
             idle_timeout: period(connections.idle_timeout),
-            max_connections: Spanned::new(0..0, connections.max_connections),
+            max_connections: unwritten(connections.max_connections),
             max_connections_per_address: connections.max_connections_per_address,
         }
     }
@@ -92,7 +97,7 @@ struct MemorySection {
 
 impl Default for MemorySection {
     fn default() -> Self {
-        MemorySection { max_keys: Spanned::new(0..0, MemorySettings::default().max_keys) }
+        MemorySection { max_keys: unwritten(MemorySettings::default().max_keys) }
     }
 }
 
@@ -107,7 +112,7 @@ struct BackendSection {
     coalesce: Spanned<usize>,
     deny_cache: bool,
     on_failure: FailurePolicy,
-    failure_threshold: u32,
+    failure_threshold: Spanned<u32>,
     probe_interval: Period,
 }
 
@@ -115,15 +120,15 @@ impl Default for BackendSection {
     fn default() -> Self {
         let limiter = LimiterSettings::default();
         BackendSection {
-            kind: Spanned::new(0..0, BackendKind::Memory),
+            kind: unwritten(BackendKind::Memory),
             url: None,
             prefix: "tollgate".into(),
             timeout: Period::from_millis(50).expect("50ms is a valid period"),
-            connections: Spanned::new(0..0, 2),
-            coalesce: Spanned::new(0..0, 32),
+            connections: unwritten(2),
+            coalesce: unwritten(32),
             deny_cache: true,
             on_failure: limiter.on_failure,
-            failure_threshold: limiter.failure_threshold,
+            failure_threshold: unwritten(limiter.failure_threshold),
             probe_interval: Period::from_millis(250).expect("250ms is a valid period"),
         }
     }
@@ -138,175 +143,181 @@ struct PolicySection {
     #[serde(default)]
     mode: Mode,
     #[serde(default)]
-    on_limit: Strategy,
+    on_limit: OnLimitKind,
     #[serde(default)]
     max_wait: Option<Spanned<Period>>,
 }
 
-pub(crate) fn check_redis_url(url: &str) -> Result<(), String> {
-    const SCHEMES: [&str; 5] =
-        ["redis://", "rediss://", "redis+cluster://", "rediss+cluster://", "redis+sentinel://"];
-    if SCHEMES.iter().any(|scheme| url.starts_with(scheme)) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{url:?} is not a Redis URL: it must start with redis://, rediss://, redis+cluster:// \
-             (rediss+cluster://) for Redis Cluster, or redis+sentinel:// for Redis Sentinel"
-        ))
+/// A mistake in the file: where (a byte range of the text) and what.
+struct Mistake {
+    span: Range<usize>,
+    message: String,
+}
+
+impl Mistake {
+    fn at(span: Range<usize>, message: impl Into<String>) -> Self {
+        Mistake { span, message: message.into() }
+    }
+
+    /// A mistake in the value of `field`.
+    fn in_value<T>(field: &Spanned<T>, message: impl Into<String>) -> Self {
+        Mistake::at(field.span(), message)
     }
 }
 
-pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-    let line_of = |span: Range<usize>| Some(text[..span.start.min(text.len())].matches('\n').count() + 1);
-    let err = |span: Range<usize>, message: String| ConfigError::at(origin, line_of(span), message);
+/// Fails with `message` at `field` unless its value is within `range`.
+fn within<T: PartialOrd>(
+    field: &Spanned<T>,
+    range: std::ops::RangeInclusive<T>,
+    message: impl FnOnce() -> String,
+) -> Result<(), Mistake> {
+    if range.contains(field.get_ref()) { Ok(()) } else { Err(Mistake::in_value(field, message())) }
+}
 
+pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+    // Spans are byte ranges of `text`; the error names the line they start on.
+    let line_of = |span: Range<usize>| Some(text[..span.start.min(text.len())].matches('\n').count() + 1);
     let file: File = toml::from_str(text).map_err(|e| {
         let line = e.span().and_then(line_of);
         ConfigError::at(origin, line, e.message().trim_end().to_owned())
     })?;
+    validate(file).map_err(|m| ConfigError::at(origin, line_of(m.span), m.message))
+}
 
-    let server = &file.server;
+/// The file's sections, each validated into its settings.
+fn validate(file: File) -> Result<Config, Mistake> {
+    let server = server_settings(&file.server)?;
+    let memory = MemorySettings { max_keys: max_keys(&file.memory)? };
+    let backend = backend_settings(&file.backend, &server, &memory)?;
+    let mut policies = BTreeMap::new();
+    for (name, section) in file.policies {
+        let policy = policy(&name, section)?;
+        policies.insert(name.into_inner(), Arc::new(policy));
+    }
+    let consumers = match file.consumers {
+        Some(section) => consumer_settings(section)?,
+        None => ConsumerSettings::default(),
+    };
+    Ok(Config { consumers, server, memory, backend, policies: Policies(policies) })
+}
+
+fn server_settings(server: &ServerSection) -> Result<ServerSettings, Mistake> {
     let listen: SocketAddr = server.listen.get_ref().parse().map_err(|_| {
-        err(
-            server.listen.span(),
+        Mistake::in_value(
+            &server.listen,
             format!("server.listen = {:?} is not an address like 127.0.0.1:8080", server.listen.get_ref()),
         )
     })?;
-    if !(1..=100_000).contains(&server.max_delayed) {
-        return Err(err(0..0, "server.max_delayed must be between 1 and 100000".into()));
-    }
-    let max_request_state = *server.max_request_state.get_ref();
-    if !crate::MAX_REQUEST_STATE_RANGE.contains(&max_request_state) {
-        return Err(err(
-            server.max_request_state.span(),
-            format!(
-                "server.max_request_state = {max_request_state} bytes: it must be between {} (the \
-                 state of a few fixed windows) and {} (1 GiB)",
-                crate::MAX_REQUEST_STATE_RANGE.start(),
-                crate::MAX_REQUEST_STATE_RANGE.end()
-            ),
-        ));
-    }
-
-    let connections = connection_settings(server).map_err(|(span, message)| err(span, message))?;
-    let max_keys = *file.memory.max_keys.get_ref();
-    if max_keys < tollgate_core::MIN_MAX_KEYS {
-        return Err(err(
-            file.memory.max_keys.span(),
-            format!(
-                "memory.max_keys must be at least {} (the most keys one batch names)",
-                tollgate_core::MIN_MAX_KEYS
-            ),
-        ));
-    }
-
-    let backend = &file.backend;
-    let url = backend.url.as_ref().map(|u| u.get_ref().clone());
-    if let Some(url) = &backend.url {
-        check_redis_url(url.get_ref()).map_err(|m| err(url.span(), format!("backend.url: {m}")))?;
-    }
-    if *backend.kind.get_ref() == BackendKind::Redis && url.is_none() {
-        return Err(err(backend.kind.span(), "backend.kind = \"redis\" needs backend.url".into()));
-    }
-    if !(1..=64).contains(backend.connections.get_ref()) {
-        return Err(err(backend.connections.span(), "backend.connections must be between 1 and 64".into()));
-    }
-    let max_parts = tollgate_core::limits::MAX_BATCH_PARTS;
-    if !(1..=max_parts).contains(backend.coalesce.get_ref()) {
-        return Err(err(
-            backend.coalesce.span(),
-            format!("backend.coalesce must be between 1 and {max_parts}"),
-        ));
-    }
-    if !(1..=100).contains(&backend.failure_threshold) {
-        return Err(err(0..0, "backend.failure_threshold must be between 1 and 100".into()));
-    }
-
-    let mut policies = BTreeMap::new();
-    for (name, section) in file.policies {
-        let policy = policy(&name, section).map_err(|(span, message)| err(span, message))?;
-        policies.insert(name.into_inner(), Arc::new(policy));
-    }
-
-    let mut consumers = ConsumerSettings::default();
-    if let Some(section) = file.consumers {
-        let span = section.span();
-        let section = section.into_inner();
-        if let Some(defaults) = section.defaults {
-            defaults
-                .validate()
-                .map_err(|e| err(span.clone(), format!("consumers.defaults.{}", e.message)))?;
-            consumers.defaults = defaults;
-        }
-        if let Some(per_hour) = section.anonymous_per_hour {
-            if !(1..=tollgate_core::limits::MAX_COUNT).contains(&per_hour) {
-                return Err(err(span, "consumers.anonymous_per_hour must be 1 to 10^12".into()));
-            }
-            consumers.anonymous_per_hour = per_hour;
-        }
-    }
-
-    Ok(Config {
-        consumers,
-        server: ServerSettings {
-            listen,
-            reset_header: server.reset_header,
-            json_logs: server.json_logs,
-            max_delayed: server.max_delayed,
-            max_request_state,
-            inline_limits: server.inline_limits,
-            connections,
-        },
-        memory: MemorySettings { max_keys },
-        backend: BackendSettings {
-            kind: *backend.kind.get_ref(),
-            url,
-            prefix: backend.prefix.clone(),
-            timeout: backend.timeout.as_duration(),
-            connections: *backend.connections.get_ref(),
-            coalesce: *backend.coalesce.get_ref(),
-            deny_cache: backend.deny_cache,
-            limiter: LimiterSettings {
-                on_failure: backend.on_failure,
-                failure_threshold: backend.failure_threshold,
-                probe_interval: backend.probe_interval.as_duration(),
-                max_delayed: server.max_delayed,
-                fallback_max_keys: max_keys,
-            },
-        },
-        policies: Policies(policies),
+    within(&server.max_delayed, 1..=100_000, || "server.max_delayed must be between 1 and 100000".into())?;
+    let range = crate::MAX_REQUEST_STATE_RANGE;
+    within(&server.max_request_state, range.clone(), || {
+        format!(
+            "server.max_request_state = {} bytes: it must be between {} (the state of a few fixed \
+             windows) and {} (1 GiB)",
+            server.max_request_state.get_ref(),
+            range.start(),
+            range.end()
+        )
+    })?;
+    Ok(ServerSettings {
+        listen,
+        reset_header: server.reset_header,
+        json_logs: server.json_logs,
+        max_delayed: *server.max_delayed.get_ref(),
+        max_request_state: *server.max_request_state.get_ref(),
+        inline_limits: server.inline_limits,
+        connections: connection_settings(server)?,
     })
 }
 
-fn connection_settings(server: &ServerSection) -> Result<ConnectionSettings, (Range<usize>, String)> {
+fn connection_settings(server: &ServerSection) -> Result<ConnectionSettings, Mistake> {
     let timeout = |name: &str, value: &Spanned<Period>| {
         let duration = value.get_ref().as_duration();
         if duration > MAX_CONNECTION_TIMEOUT {
-            Err((value.span(), format!("server.{name} must be at most 1h")))
+            Err(Mistake::in_value(value, format!("server.{name} must be at most 1h")))
         } else {
             Ok(duration)
         }
     };
-    let max_connections = *server.max_connections.get_ref();
-    if !(1..=ConnectionSettings::MAX_CONNECTIONS_LIMIT).contains(&max_connections) {
-        return Err((
-            server.max_connections.span(),
-            format!(
-                "server.max_connections must be between 1 and {}",
-                ConnectionSettings::MAX_CONNECTIONS_LIMIT
-            ),
-        ));
-    }
+    let most = ConnectionSettings::MAX_CONNECTIONS_LIMIT;
+    within(&server.max_connections, 1..=most, || {
+        format!("server.max_connections must be between 1 and {most}")
+    })?;
     Ok(ConnectionSettings {
         header_timeout: timeout("header_timeout", &server.header_timeout)?,
         body_timeout: timeout("body_timeout", &server.body_timeout)?,
         idle_timeout: timeout("idle_timeout", &server.idle_timeout)?,
-        max_connections,
+        max_connections: *server.max_connections.get_ref(),
         max_connections_per_address: server.max_connections_per_address,
     })
 }
 
-fn policy(name: &Spanned<String>, section: PolicySection) -> Result<Policy, (Range<usize>, String)> {
+fn max_keys(memory: &MemorySection) -> Result<usize, Mistake> {
+    let least = tollgate_core::MIN_MAX_KEYS;
+    within(&memory.max_keys, least..=usize::MAX, || {
+        format!("memory.max_keys must be at least {least} (the most keys one batch names)")
+    })?;
+    Ok(*memory.max_keys.get_ref())
+}
+
+fn backend_settings(
+    backend: &BackendSection,
+    server: &ServerSettings,
+    memory: &MemorySettings,
+) -> Result<BackendSettings, Mistake> {
+    if let Some(url) = &backend.url {
+        RedisTopology::of_url(url.get_ref())
+            .map_err(|e| Mistake::in_value(url, format!("backend.url: {e}")))?;
+    }
+    if *backend.kind.get_ref() == BackendKind::Redis && backend.url.is_none() {
+        return Err(Mistake::in_value(&backend.kind, "backend.kind = \"redis\" needs backend.url"));
+    }
+    within(&backend.connections, 1..=64, || "backend.connections must be between 1 and 64".into())?;
+    let max_parts = tollgate_core::limits::MAX_BATCH_PARTS;
+    within(&backend.coalesce, 1..=max_parts, || {
+        format!("backend.coalesce must be between 1 and {max_parts}")
+    })?;
+    within(&backend.failure_threshold, 1..=100, || {
+        "backend.failure_threshold must be between 1 and 100".into()
+    })?;
+    Ok(BackendSettings {
+        kind: *backend.kind.get_ref(),
+        url: backend.url.as_ref().map(|u| u.get_ref().clone()),
+        prefix: backend.prefix.clone(),
+        timeout: backend.timeout.as_duration(),
+        connections: *backend.connections.get_ref(),
+        coalesce: *backend.coalesce.get_ref(),
+        deny_cache: backend.deny_cache,
+        limiter: LimiterSettings {
+            on_failure: backend.on_failure,
+            failure_threshold: *backend.failure_threshold.get_ref(),
+            probe_interval: backend.probe_interval.as_duration(),
+            max_delayed: server.max_delayed,
+            fallback_max_keys: memory.max_keys,
+        },
+    })
+}
+
+fn consumer_settings(section: Spanned<ConsumersSection>) -> Result<ConsumerSettings, Mistake> {
+    let span = section.span();
+    let section = section.into_inner();
+    let mut consumers = ConsumerSettings::default();
+    if let Some(defaults) = section.defaults {
+        defaults
+            .validate()
+            .map_err(|e| Mistake::at(span.clone(), format!("consumers.defaults.{}", e.message)))?;
+        consumers.defaults = defaults;
+    }
+    if let Some(per_hour) = section.anonymous_per_hour {
+        if !(1..=tollgate_core::limits::MAX_COUNT).contains(&per_hour) {
+            return Err(Mistake::at(span, "consumers.anonymous_per_hour must be 1 to 10^12"));
+        }
+        consumers.anonymous_per_hour = per_hour;
+    }
+    Ok(consumers)
+}
+
+fn policy(name: &Spanned<String>, section: PolicySection) -> Result<Policy, Mistake> {
     let rule_spans: Vec<Range<usize>> = section.rules.get_ref().iter().map(Spanned::span).collect();
     let rules_span = section.rules.span();
     let wait_span = section.max_wait.as_ref().map(Spanned::span);
@@ -325,7 +336,7 @@ fn policy(name: &Spanned<String>, section: PolicySection) -> Result<Policy, (Ran
             "max_wait" => wait_span.clone().unwrap_or(rules_span.clone()),
             _ => rule.and_then(|i| rule_spans.get(i).cloned()).unwrap_or(rules_span.clone()),
         };
-        (span, format!("policy {:?}: {}", name.get_ref(), e.message))
+        Mistake::at(span, format!("policy {:?}: {}", name.get_ref(), e.message))
     })
 }
 
@@ -357,6 +368,16 @@ mod tests {
         );
         assert_eq!(e.line(), Some(4), "{e}");
         assert!(e.to_string().contains("perod"), "{e}");
+
+        // Two bounds once said line 1 wherever they were written; a section's mistakes name it.
+        for (text, start) in [
+            ("[server]\nlisten = \"127.0.0.1:1\"\nmax_delayed = 0\n", "t.toml:3: server.max_delayed"),
+            ("[backend]\nprefix = \"x\"\n\nfailure_threshold = 101\n", "t.toml:4: backend.failure_threshold"),
+            ("[server]\n[consumers]\nanonymous_per_hour = 0\n", "t.toml:2: consumers.anonymous_per_hour"),
+        ] {
+            let e = error(text).to_string();
+            assert!(e.starts_with(start), "{e}");
+        }
     }
 
     #[test]

@@ -13,14 +13,16 @@ use crate::MAX_POLICY_NAME_BYTES;
 /// Longest `max_wait` of a delaying policy: holding requests longer ties up connections.
 pub const MAX_WAIT_LIMIT: Duration = Duration::from_secs(60);
 
-/// What a request over the limit gets: `reject`, or `delay` (with `max_wait`).
+/// The kind of [`OnLimit`] a policy is written with: `on_limit = "reject"` or `"delay"`. A
+/// delay's bound is a field of its own (`max_wait`), so the written form names only the kind;
+/// [`PolicySpec::build`] joins the two into the limiter's [`OnLimit`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Strategy {
-    /// Deny at once.
+pub enum OnLimitKind {
+    /// [`OnLimit::Reject`]: deny at once.
     #[default]
     Reject,
-    /// Hold until it fits, up to `max_wait`.
+    /// [`OnLimit::Delay`]: hold until it fits, up to `max_wait`.
     Delay,
 }
 
@@ -38,7 +40,7 @@ pub struct PolicySpec {
     pub mode: Mode,
     /// `reject` or `delay`.
     #[serde(default)]
-    pub on_limit: Strategy,
+    pub on_limit: OnLimitKind,
     /// With `delay`: the longest a request is held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_wait: Option<Period>,
@@ -80,9 +82,9 @@ impl PolicySpec {
     /// The spec a valid policy came from (for listing file policies beside stored ones).
     pub fn of(policy: &Policy) -> PolicySpec {
         let (on_limit, max_wait) = match policy.on_limit {
-            OnLimit::Reject => (Strategy::Reject, None),
+            OnLimit::Reject => (OnLimitKind::Reject, None),
             // Exact (a max_wait is a Period, in whole microseconds), not truncated to milliseconds.
-            OnLimit::Delay { max_wait } => (Strategy::Delay, Period::try_from(max_wait).ok()),
+            OnLimit::Delay { max_wait } => (OnLimitKind::Delay, Period::try_from(max_wait).ok()),
         };
         PolicySpec {
             description: policy.description.clone(),
@@ -104,14 +106,14 @@ impl PolicySpec {
         let rules = RuleSet::new(self.rules.iter().cloned())
             .map_err(|e| err(rule_error_field(&e, "rules"), e.to_string()))?;
         let on_limit = match (self.on_limit, self.max_wait) {
-            (Strategy::Reject, None) => OnLimit::Reject,
-            (Strategy::Reject, Some(_)) => {
+            (OnLimitKind::Reject, None) => OnLimit::Reject,
+            (OnLimitKind::Reject, Some(_)) => {
                 return Err(err("max_wait", "max_wait only applies with on_limit = \"delay\""));
             }
-            (Strategy::Delay, None) => {
+            (OnLimitKind::Delay, None) => {
                 return Err(err("max_wait", "on_limit = \"delay\" needs a max_wait, such as \"500ms\""));
             }
-            (Strategy::Delay, Some(wait)) => {
+            (OnLimitKind::Delay, Some(wait)) => {
                 let max_wait = wait.as_duration();
                 if max_wait > MAX_WAIT_LIMIT {
                     return Err(err(

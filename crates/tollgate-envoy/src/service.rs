@@ -11,8 +11,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tollgate_core::{Error as CoreError, Rule, RuleSet};
-use tollgate_limiter::{Check, LimitError, Limiter, Mode, Policy};
+use tollgate_core::{Decision, Error as CoreError, Rule, RuleSet};
+use tollgate_limiter::{Check, JointVerdict, LimitError, Limiter, Mode, Policy, Verdict};
 use tonic::{Request, Response, Status};
 
 use crate::config::{Domain, Limit, Unit, find};
@@ -195,120 +195,100 @@ impl RateLimitService for EnvoyService {
     }
 }
 
+/// One limited descriptor: its check in the request's batch.
+struct Item<'a> {
+    planned: &'a Planned,
+    labels: [(&'static str, String); 2],
+    key: String,
+    policy: Policy,
+    /// The limits with a rule, in the order of the rule set's rules.
+    limited: Vec<&'a Limit>,
+    /// More hits than the limits can ever admit: over the limit whatever the state.
+    impossible: bool,
+}
+
+impl Item<'_> {
+    /// Enforced, not shadow mode: its refusal refuses the request.
+    fn enforced(&self) -> bool {
+        !self.planned.shadow
+    }
+}
+
+/// Each limited descriptor becomes one check of a single batch: one backend call for the whole
+/// request, the enforced descriptors all or nothing.
+struct Batch<'a> {
+    items: Vec<Item<'a>>,
+    /// For each descriptor of the request, its item (`None`: no limit, not counted).
+    of_descriptor: Vec<Option<usize>>,
+}
+
+/// `replaces`: a named limit is dropped when another limit of this request replaces it.
+fn drop_replaced(planned: &mut [Planned]) {
+    let replaced: HashSet<String> =
+        planned.iter().flat_map(|p| p.limits.iter().flat_map(|l| l.replaces.iter().cloned())).collect();
+    for p in planned {
+        p.limits.retain(|l| l.name.as_ref().is_none_or(|n| !replaced.contains(n)));
+    }
+}
+
+impl<'a> Batch<'a> {
+    fn new(domain: &str, planned: &'a [Planned]) -> Result<Self, Status> {
+        let mut batch = Batch { items: Vec::new(), of_descriptor: Vec::with_capacity(planned.len()) };
+        for p in planned {
+            // No limit, or only unlimited ones: OK, uncounted, no current limit (as upstream).
+            let item = Item::new(domain, p)?;
+            batch.of_descriptor.push(item.is_some().then_some(batch.items.len()));
+            batch.items.extend(item);
+        }
+        Ok(batch)
+    }
+}
+
+impl<'a> Item<'a> {
+    /// The check of descriptor `p`, or `None` when none of its limits has a rule.
+    fn new(domain: &str, p: &'a Planned) -> Result<Option<Self>, Status> {
+        let rules: Vec<Rule> = p.limits.iter().filter_map(|l| l.rule.clone()).collect();
+        if rules.is_empty() {
+            return Ok(None);
+        }
+        let label = match p.detailed {
+            true => p.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect::<Vec<_>>().join("."),
+            false => p.entries.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join("."),
+        };
+        let set = RuleSet::new(rules).map_err(|e| Status::internal(e.to_string()))?;
+        let mode = if p.shadow { Mode::Shadow } else { Mode::Enforce };
+        Ok(Some(Item {
+            planned: p,
+            labels: [("domain", domain.to_owned()), ("descriptor", label)],
+            key: key_of(domain, &p.entries),
+            policy: Policy::enforce(domain, set).with_mode(mode),
+            limited: p.limits.iter().filter(|l| l.rule.is_some()).collect(),
+            impossible: false,
+        }))
+    }
+}
+
 impl EnvoyService {
     /// Decides one `ShouldRateLimit` request (the gRPC method, and `POST /json`).
     pub async fn decide(&self, req: RateLimitRequest) -> Result<RateLimitResponse, Status> {
         let mut planned = self.plan(&req)?;
-        // `replaces`: a named limit is dropped when another limit of this request replaces it.
-        let replaced: HashSet<String> =
-            planned.iter().flat_map(|p| p.limits.iter().flat_map(|l| l.replaces.iter().cloned())).collect();
-        for p in &mut planned {
-            p.limits.retain(|l| l.name.as_ref().is_none_or(|n| !replaced.contains(n)));
-        }
-
-        // Each limited descriptor becomes one check of a single batch: one backend call for the
-        // whole request, the enforced descriptors all or nothing.
-        struct Item<'a> {
-            planned: &'a Planned,
-            labels: [(&'static str, String); 2],
-            key: String,
-            policy: Policy,
-            limited: Vec<&'a Limit>,
-            /// More hits than the limits can ever admit: over the limit whatever the state.
-            impossible: bool,
-        }
-        let mut items: Vec<Item<'_>> = Vec::new();
-        let mut of_descriptor: Vec<Option<usize>> = Vec::with_capacity(planned.len());
-        for p in &planned {
-            let rules: Vec<Rule> = p.limits.iter().filter_map(|l| l.rule.clone()).collect();
-            if rules.is_empty() {
-                // No limit, or only unlimited ones: OK, uncounted, no current limit (as upstream).
-                of_descriptor.push(None);
-                continue;
-            }
-            let label = match p.detailed {
-                true => p.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect::<Vec<_>>().join("."),
-                false => p.entries.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join("."),
-            };
-            let set = RuleSet::new(rules).map_err(|e| Status::internal(e.to_string()))?;
-            let mode = if p.shadow { Mode::Shadow } else { Mode::Enforce };
-            let key = key_of(&req.domain, &p.entries);
-            of_descriptor.push(Some(items.len()));
-            items.push(Item {
-                planned: p,
-                labels: [("domain", req.domain.clone()), ("descriptor", label)],
-                key,
-                policy: Policy::enforce(req.domain.as_str(), set).with_mode(mode),
-                limited: p.limits.iter().filter(|l| l.rule.is_some()).collect(),
-                impossible: false,
-            });
-        }
-        // An enforced descriptor over its limit whatever the state refuses the request: the
-        // others are only looked at. The same when the request asks one counter (two
-        // descriptors alike) for more than it holds.
-        let enforced = |item: &Item<'_>| !item.planned.shadow;
-        let mut blocked = false;
-        let joint = loop {
-            if items.is_empty() {
-                break None;
-            }
-            let checks: Vec<Check<'_>> = items
-                .iter()
-                .map(|i| {
-                    let peek = i.impossible || (blocked && enforced(i));
-                    Check { key: &i.key, policy: &i.policy, cost: if peek { 0 } else { i.planned.hits } }
-                })
-                .collect();
-            // The limiter validates before any backend call: a descriptor over-asking is found
-            // there, marked, and the request asked again with it (and, if enforced, the others)
-            // only peeking.
-            match self.limiter.check_all(&checks).await {
-                Ok(joint) => break Some(joint),
-                Err(LimitError::Invalid(CoreError::InPart { part, error }))
-                    if matches!(*error, CoreError::CostExceedsCapacity { .. }) =>
-                {
-                    blocked |= enforced(&items[part]);
-                    items[part].impossible = true;
-                }
-                Err(LimitError::Invalid(e)) => return Err(invalid(e.to_string())),
-                Err(LimitError::Unavailable(e)) => return Err(Status::unavailable(e.to_string())),
-                Err(e) => return Err(Status::internal(e.to_string())),
-            }
-        };
-
+        drop_replaced(&mut planned);
+        let mut batch = Batch::new(&req.domain, &planned)?;
+        let joint = self.check(&mut batch.items).await?;
         let mut overall = Code::Ok;
         let mut statuses = Vec::with_capacity(planned.len());
         // Each status's window in seconds (0 when it has no limit), for the response headers.
         let mut windows = Vec::with_capacity(planned.len());
-        for at in of_descriptor {
-            let (Some(at), Some(joint)) = (at, &joint) else {
-                statuses.push(status(Code::Ok, None, 0, std::time::Duration::ZERO));
-                windows.push(0);
-                continue;
+        for at in &batch.of_descriptor {
+            let (status, window) = match (at, &joint) {
+                (Some(at), Some(joint)) => descriptor_status(&batch.items[*at], &joint.verdicts[*at]),
+                _ => (status(Code::Ok, None, 0, std::time::Duration::ZERO), 0),
             };
-            let (item, verdict) = (&items[at], &joint.verdicts[at]);
-            let (labels, hits, shadow) = (&item.labels, item.planned.hits, item.planned.shadow);
-            ::metrics::counter!(names::TOTAL_HITS, labels).increment(hits);
-            let d = &verdict.decision;
-            let over = item.impossible || !d.allowed();
-            if over && shadow {
-                ::metrics::counter!(names::SHADOW_MODE, labels).increment(hits);
-            } else if over {
-                ::metrics::counter!(names::OVER_LIMIT, labels).increment(hits);
-            } else if d.rules().iter().any(|o| o.remaining.saturating_mul(5) < o.limit) {
-                ::metrics::counter!(names::NEAR_LIMIT, labels).increment(hits);
-            } else {
-                ::metrics::counter!(names::WITHIN_LIMIT, labels).increment(hits);
-            }
-            let code = if over && !shadow { Code::OverLimit } else { Code::Ok };
-            if code == Code::OverLimit {
+            if status.code == Code::OverLimit as i32 {
                 overall = Code::OverLimit;
             }
-            let binding = d.rules().iter().position(|o| o == d.binding()).unwrap_or(0);
-            let limit = item.limited.get(binding).copied();
-            let remaining = if item.impossible { 0 } else { d.remaining() };
-            statuses.push(status(code, limit, remaining, d.reset_after()));
-            windows.push(limit.map_or(0, |l| l.window_secs));
+            statuses.push(status);
+            windows.push(window);
         }
         let headers = if self.response_headers { response_headers(&statuses, &windows) } else { Vec::new() };
         Ok(RateLimitResponse {
@@ -318,6 +298,68 @@ impl EnvoyService {
             ..Default::default()
         })
     }
+
+    /// Checks the batch in one limiter call (`None` when it is empty).
+    ///
+    /// An enforced descriptor over its limit whatever the state refuses the request: the others
+    /// are only looked at. The same when the request asks one counter (two descriptors alike)
+    /// for more than it holds. The limiter validates before any backend call: a descriptor
+    /// over-asking is found there, marked, and the batch asked again with it (and, if enforced,
+    /// the others) only peeking.
+    async fn check(&self, items: &mut [Item<'_>]) -> Result<Option<JointVerdict>, Status> {
+        let mut blocked = false;
+        while !items.is_empty() {
+            let checks: Vec<Check<'_>> = items
+                .iter()
+                .map(|i| {
+                    let peek = i.impossible || (blocked && i.enforced());
+                    Check { key: &i.key, policy: &i.policy, cost: if peek { 0 } else { i.planned.hits } }
+                })
+                .collect();
+            match self.limiter.check_all(&checks).await {
+                Ok(joint) => return Ok(Some(joint)),
+                Err(LimitError::Invalid(CoreError::InPart { part, error }))
+                    if matches!(*error, CoreError::CostExceedsCapacity { .. }) =>
+                {
+                    blocked |= items[part].enforced();
+                    items[part].impossible = true;
+                }
+                Err(LimitError::Invalid(e)) => return Err(invalid(e.to_string())),
+                Err(LimitError::Unavailable(e)) => return Err(Status::unavailable(e.to_string())),
+                Err(e) => return Err(Status::internal(e.to_string())),
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// A checked descriptor's status and its binding limit's window in seconds; counts its hits in
+/// the metrics.
+fn descriptor_status(item: &Item<'_>, verdict: &Verdict) -> (DescriptorStatus, u64) {
+    let d = &verdict.decision;
+    let over = item.impossible || !d.allowed();
+    count_hits(item, over, d);
+    let code = if over && item.enforced() { Code::OverLimit } else { Code::Ok };
+    let binding = d.rules().iter().position(|o| o == d.binding()).unwrap_or(0);
+    let limit = item.limited.get(binding).copied();
+    let remaining = if item.impossible { 0 } else { d.remaining() };
+    (status(code, limit, remaining, d.reset_after()), limit.map_or(0, |l| l.window_secs))
+}
+
+/// Upstream's hit counters: every hit, then shadow-mode, over, near (above 80 % used) or within.
+fn count_hits(item: &Item<'_>, over: bool, d: &Decision) {
+    let (labels, hits) = (&item.labels, item.planned.hits);
+    ::metrics::counter!(names::TOTAL_HITS, labels).increment(hits);
+    let name = if over && !item.enforced() {
+        names::SHADOW_MODE
+    } else if over {
+        names::OVER_LIMIT
+    } else if d.rules().iter().any(|o| o.remaining.saturating_mul(5) < o.limit) {
+        names::NEAR_LIMIT
+    } else {
+        names::WITHIN_LIMIT
+    };
+    ::metrics::counter!(name, labels).increment(hits);
 }
 
 /// Upstream's headers for the most restrictive limited descriptor (the fewest remaining):

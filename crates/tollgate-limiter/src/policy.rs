@@ -18,7 +18,10 @@ pub enum Mode {
     Shadow,
 }
 
-/// What happens to a request over the limit.
+/// What happens to a request over the limit: the policy's `on_limit`.
+///
+/// Configuration files and the management API write it as two fields, `on_limit = "reject"`
+/// or `"delay"` (the kind alone: `tollgate_config::OnLimitKind`) and, with `delay`, `max_wait`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnLimit {
     /// Deny it at once.

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use sqlx::any::AnyRow;
-use tollgate_config::{PolicySpec, Strategy};
+use tollgate_config::{OnLimitKind, PolicySpec};
 use tollgate_core::{Period, Rule};
 use tollgate_limiter::{Mode, Policy};
 
@@ -29,7 +29,7 @@ pub struct PolicyInput {
     pub mode: Mode,
     /// `reject` or `delay`.
     #[serde(default)]
-    pub on_limit: Strategy,
+    pub on_limit: OnLimitKind,
     /// With `delay`: the longest a request is held.
     #[serde(default)]
     pub max_wait: Option<Period>,

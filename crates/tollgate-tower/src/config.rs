@@ -134,8 +134,12 @@ fn yes() -> bool {
 #[non_exhaustive]
 pub enum RoutesConfigError {
     /// Not valid TOML, or an unknown field.
-    #[error("cannot read the routes: {0}")]
-    Parse(String),
+    #[error("cannot read the routes: {error}")]
+    Parse {
+        /// The TOML reader's error: its message, and the span of the text at fault. (Not the
+        /// `source`: its text is already in this one's.)
+        error: toml::de::Error,
+    },
     /// A policy name that the configuration does not define.
     #[error("{field}: there is no policy named {name:?}")]
     UnknownPolicy {
@@ -213,7 +217,7 @@ impl KeySpec {
 impl RoutesConfig {
     /// Parses TOML.
     pub fn from_toml(text: &str) -> Result<Self, RoutesConfigError> {
-        toml::from_str(text).map_err(|e| RoutesConfigError::Parse(e.to_string()))
+        toml::from_str(text).map_err(|error| RoutesConfigError::Parse { error })
     }
 
     /// The layer over `limiter`, with policies looked up by name in `policy`.
@@ -332,5 +336,15 @@ mod tests {
         assert!(e.contains("\"/a//b\"") && e.contains("\"/a/b\""), "{e}");
         assert!(err("[[routes]]\npath = \"/a%2Fb\"\npolicy = \"p\"").contains("%2F"));
         assert!(err("[[routes]]\npath = \"/login;x\"\npolicy = \"p\"").contains("\"/login\""));
+    }
+
+    #[test]
+    fn unreadable_routes_keep_the_readers_error() {
+        let text = "cors_origin = \"*\"\nunknown = 1\n";
+        let Err(RoutesConfigError::Parse { error }) = RoutesConfig::from_toml(text) else {
+            panic!("an unknown field is a parse error");
+        };
+        assert!(error.message().contains("unknown field"), "{error}");
+        assert_eq!(error.span().map(|s| &text[s]), Some("unknown"));
     }
 }

@@ -5,7 +5,7 @@
 //! space fills and the first churned keys expire), the least-squares trend may move each by at
 //! most 5 % of its mean. Exits with 1 when either grows (or shrinks) more.
 //!
-//! Usage: `cargo run --release -p tollgate --example soak_chart -- SOAK.csv OUT.svg`
+//! Usage: `cargo run --release -p tollgate-devtools --bin soak_chart -- SOAK.csv OUT.svg`
 
 use std::path::{Path, PathBuf};
 

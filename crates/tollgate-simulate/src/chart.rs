@@ -4,12 +4,17 @@
 
 use std::path::Path;
 
-use plotters::coord::combinators::BindKeyPoints;
+use plotters::coord::Shift;
+use plotters::coord::combinators::{BindKeyPoints, WithKeyPoints};
+use plotters::coord::types::RangedCoordu64;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use super::{Report, RuleRun, SECOND, format_micros, round_step, rules, seconds};
+use crate::report::{Report, RuleRun};
+use crate::rules;
+use crate::time::{SECOND, round_step, seconds};
+use crate::traffic::format_micros;
 
 const WIDTH: u32 = 960;
 /// The line above the panels: the traffic.
@@ -58,8 +63,12 @@ pub fn draw(path: &Path, report: &Report) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A panel's plotting area: time and thousandths of a request, each ticked at round values.
+type Chart<'a, DB> =
+    ChartContext<'a, DB, Cartesian2d<WithKeyPoints<RangedCoordu64>, WithKeyPoints<RangedCoordu64>>>;
+
 fn panel<DB: DrawingBackend>(
-    area: &DrawingArea<DB, plotters::coord::Shift>,
+    area: &DrawingArea<DB, Shift>,
     run: &RuleRun,
     report: &Report,
     y_max: u64,
@@ -68,6 +77,23 @@ where
     DB::ErrorType: 'static,
 {
     let (head, plot) = area.split_vertically(PANEL_HEAD);
+    title(&head, run, report)?;
+    let guides = Guides::of(run, report, y_max);
+    legend(&head, guides.edges.is_some(), guides.rate_label.as_deref())?;
+    let mut chart = axes(&plot, report, y_max)?;
+    bars(&mut chart, run, report)?;
+    guides.draw(&mut chart, report.duration, y_max)
+}
+
+/// The rule's name, and a caption of what it admitted.
+fn title<DB: DrawingBackend>(
+    head: &DrawingArea<DB, Shift>,
+    run: &RuleRun,
+    report: &Report,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
     head.draw_text(
         &run.label,
         &("sans-serif", 19).into_font().style(FontStyle::Bold).color(&BLACK),
@@ -87,28 +113,84 @@ where
         caption += " (to one key)";
     }
     head.draw_text(&caption, &("sans-serif", 15).into_font().color(&CAPTION), (12, 29))?;
+    Ok(())
+}
 
-    let (count, period) = rules::rate(&run.rule);
-    let edges =
-        rules::clock_windows(&run.rule).map(|p| p.as_micros()).filter(|p| report.duration / p <= MAX_EDGES);
-    // The sustained rate in requests per bucket: what the rule admits in the long run under
-    // overload; not drawn when it is above every bar.
-    let rate =
-        u128::from(count) * u128::from(report.bucket) * u128::from(MILLI) / u128::from(period.as_micros());
-    let rate = u64::try_from(rate).ok().filter(|&rate| rate <= y_max * MILLI);
-    let rate_label = rate.map(|_| format!("{count}/{}", format_micros(period.as_micros()).replace(' ', "")));
-    legend(&head, edges.is_some(), rate_label.as_deref())?;
+/// The dashed lines over a panel's bars.
+struct Guides {
+    /// The period of the rule's clock-aligned windows, when it has them and they are few
+    /// enough to draw.
+    edges: Option<u64>,
+    /// The sustained rate in thousandths of a request per bucket: what the rule admits in the
+    /// long run under overload; `None` when it is above every bar.
+    rate: Option<u64>,
+    /// The rate as the legend writes it: `10/1s`.
+    rate_label: Option<String>,
+}
 
-    // Time runs in microseconds (the simulation's own unit), ticked at round durations; requests
-    // in thousandths, so that a rate of 1.67 per bucket is drawn where it is, and ticked at
-    // whole requests.
-    let (duration, bucket) = (report.duration, report.bucket);
+impl Guides {
+    fn of(run: &RuleRun, report: &Report, y_max: u64) -> Self {
+        let (count, period) = rules::rate(&run.rule);
+        let edges = rules::clock_windows(&run.rule)
+            .map(|p| p.as_micros())
+            .filter(|p| report.duration / p <= MAX_EDGES);
+        let rate = u128::from(count) * u128::from(report.bucket) * u128::from(MILLI)
+            / u128::from(period.as_micros());
+        let rate = u64::try_from(rate).ok().filter(|&rate| rate <= y_max * MILLI);
+        let rate_label =
+            rate.map(|_| format!("{count}/{}", format_micros(period.as_micros()).replace(' ', "")));
+        Guides { edges, rate, rate_label }
+    }
+
+    fn draw<DB: DrawingBackend>(
+        &self,
+        chart: &mut Chart<'_, DB>,
+        duration: u64,
+        y_max: u64,
+    ) -> anyhow::Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        if let Some(every) = self.edges {
+            for t in (1..).map(|k| k * every).take_while(|&t| t < duration) {
+                chart.draw_series(DashedLineSeries::new(
+                    [(t, 0), (t, y_max * MILLI)],
+                    3,
+                    3,
+                    EDGE.stroke_width(1),
+                ))?;
+            }
+        }
+        if let Some(rate) = self.rate {
+            chart.draw_series(DashedLineSeries::new(
+                [(0, rate), (duration, rate)],
+                6,
+                4,
+                RATE.stroke_width(2),
+            ))?;
+        }
+        Ok(())
+    }
+}
+
+/// The panel's axes and mesh. Time runs in microseconds (the simulation's own unit), ticked at
+/// round durations; requests in thousandths, so that a rate of 1.67 per bucket is drawn where it
+/// is, and ticked at whole requests.
+fn axes<'a, DB: DrawingBackend>(
+    plot: &'a DrawingArea<DB, Shift>,
+    report: &Report,
+    y_max: u64,
+) -> anyhow::Result<Chart<'a, DB>>
+where
+    DB::ErrorType: 'static,
+{
+    let duration = report.duration;
     let step = [1, 2, 5].into_iter().flat_map(|m| (0..18).map(move |e| m * 10u64.pow(e)));
     let step = step.filter(|s| y_max.div_ceil(*s) <= 5).min().unwrap_or(1);
     let y_ticks: Vec<u64> = (0..=y_max / step).map(|k| k * step * MILLI).collect();
     let tick = round_step(duration, 10);
     let ticks: Vec<u64> = (0..=duration / tick).map(|k| k * tick).collect();
-    let mut chart = ChartBuilder::on(&plot)
+    let mut chart = ChartBuilder::on(plot)
         .margin_left(8)
         .margin_right(24)
         .margin_bottom(4)
@@ -129,7 +211,15 @@ where
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 14))
         .draw()?;
+    Ok(chart)
+}
 
+/// Admitted (green) and denied (red) requests, stacked per bucket.
+fn bars<DB: DrawingBackend>(chart: &mut Chart<'_, DB>, run: &RuleRun, report: &Report) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let (duration, bucket) = (report.duration, report.bucket);
     // A small gap between bars while they are wide enough to show one.
     let gap = if run.admitted_per_bucket.len() <= 200 { bucket / 8 } else { 0 };
     let span = |i: usize| (i as u64 * bucket, ((i as u64 + 1) * bucket - gap).min(duration));
@@ -142,31 +232,12 @@ where
         let (x0, x1) = span(i);
         Rectangle::new([(x0, a * MILLI), (x1, (a + d) * MILLI)], DENIED.filled())
     }))?;
-
-    if let Some(every) = edges {
-        for t in (1..).map(|k| k * every).take_while(|&t| t < duration) {
-            chart.draw_series(DashedLineSeries::new(
-                [(t, 0), (t, y_max * MILLI)],
-                3,
-                3,
-                EDGE.stroke_width(1),
-            ))?;
-        }
-    }
-    if let Some(rate) = rate {
-        chart.draw_series(DashedLineSeries::new(
-            [(0, rate), (duration, rate)],
-            6,
-            4,
-            RATE.stroke_width(2),
-        ))?;
-    }
     Ok(())
 }
 
 /// The key, at the right of a panel's title: admitted, denied, the rate line, window edges.
 fn legend<DB: DrawingBackend>(
-    head: &DrawingArea<DB, plotters::coord::Shift>,
+    head: &DrawingArea<DB, Shift>,
     edges: bool,
     rate: Option<&str>,
 ) -> anyhow::Result<()>

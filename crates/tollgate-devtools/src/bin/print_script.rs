@@ -2,7 +2,7 @@
 //! them when none is named), and its SHA1 on stderr, for inspection or for loading into
 //! `redis-benchmark` (see scripts/bench-redis-cpu).
 //!
-//! `cargo run -q -p tollgate-redis --example print_script -- fixed_window gcra > tollgate.lua`
+//! `cargo run -q -p tollgate-devtools --bin print_script -- fixed_window gcra > tollgate.lua`
 
 use tollgate_core::algorithm::lua::Variant;
 use tollgate_core::{Period, Rule, RuleSet};

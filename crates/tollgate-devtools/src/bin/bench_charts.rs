@@ -3,7 +3,7 @@
 //! (Redis CPU microseconds per decision), one panel per algorithm, a group of bars per
 //! concurrency, a bar per contender.
 //!
-//! Usage: `cargo run --release -p tollgate --example bench_charts -- RESULTS.json OUT_DIR`
+//! Usage: `cargo run --release -p tollgate-devtools --bin bench_charts -- RESULTS.json OUT_DIR`
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

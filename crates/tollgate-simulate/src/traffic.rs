@@ -197,26 +197,41 @@ fn parse_pattern(text: &str) -> Result<Pattern, String> {
         // No `word:` prefix: a file name (which may hold a colon further on).
         _ => ("csv", text),
     };
-    let mut pattern = Pattern {
-        shape: Shape::File(PathBuf::from(rest)),
-        from: 0,
-        to: None,
-        key: DEFAULT_KEY.into(),
-        cost: 1,
-    };
     let mut options = rest.split(',');
     let main = options.next().unwrap_or_default().trim();
-    let allowed: &[&str] = match kind {
+    let (shape, allowed) = match kind {
         "csv" if rest.is_empty() => return Err("csv: needs a file name".into()),
         // The whole rest is the file name, commas included.
-        "csv" => return Ok(pattern),
-        "steady" => {
-            pattern.shape = Shape::Steady(parse_rate(main)?);
-            &["from", "to", "key", "cost"]
+        "csv" => (Shape::File(PathBuf::from(rest)), &[][..]),
+        _ => parse_shape(kind, main)?,
+    };
+    let mut pattern = Pattern { shape, from: 0, to: None, key: DEFAULT_KEY.into(), cost: 1 };
+    if let Shape::File(_) = pattern.shape {
+        return Ok(pattern);
+    }
+    for option in options {
+        let option = option.trim();
+        let (name, value) = option
+            .split_once('=')
+            .ok_or_else(|| format!("invalid option {option:?} in {text:?}: write it as NAME=VALUE"))?;
+        let (name, value) = (name.trim(), value.trim());
+        if !allowed.contains(&name) {
+            return Err(format!("{kind}: takes no option `{name}` (it takes {})", allowed.join(", ")));
         }
+        pattern.set(kind, name, value)?;
+    }
+    if pattern.to.is_some_and(|to| to <= pattern.from) {
+        return Err(format!("{kind}: to must be after from"));
+    }
+    Ok(pattern)
+}
+
+/// The shape of a `kind:MAIN` pattern, and the options it takes.
+fn parse_shape(kind: &str, main: &str) -> Result<(Shape, &'static [&'static str]), String> {
+    match kind {
+        "steady" => Ok((Shape::Steady(parse_rate(main)?), &["from", "to", "key", "cost"])),
         "poisson" => {
-            pattern.shape = Shape::Poisson { rate: parse_rate(main)?, seed: 1 };
-            &["from", "to", "seed", "key", "cost"]
+            Ok((Shape::Poisson { rate: parse_rate(main)?, seed: 1 }, &["from", "to", "seed", "key", "cost"]))
         }
         "burst" => {
             let invalid = |why: String| format!("invalid burst {main:?}: {why}");
@@ -227,30 +242,23 @@ fn parse_pattern(text: &str) -> Result<Pattern, String> {
                 .parse()
                 .map_err(|_| invalid(format!("{count:?} is not a whole number of requests")))?;
             let at = parse_offset(at).map_err(invalid)?;
-            pattern.shape = Shape::Burst { count, at, every: None };
-            &["every", "to", "key", "cost"]
+            Ok((Shape::Burst { count, at, every: None }, &["every", "to", "key", "cost"]))
         }
-        other => {
-            return Err(format!(
-                "unknown traffic pattern `{other}:` (expected steady:RATE, poisson:RATE, burst:COUNT@TIME or a CSV file)"
-            ));
-        }
-    };
-    for option in options {
-        let option = option.trim();
-        let (name, value) = option
-            .split_once('=')
-            .ok_or_else(|| format!("invalid option {option:?} in {text:?}: write it as NAME=VALUE"))?;
-        let (name, value) = (name.trim(), value.trim());
-        if !allowed.contains(&name) {
-            return Err(format!("{kind}: takes no option `{name}` (it takes {})", allowed.join(", ")));
-        }
+        other => Err(format!(
+            "unknown traffic pattern `{other}:` (expected steady:RATE, poisson:RATE, burst:COUNT@TIME or a CSV file)"
+        )),
+    }
+}
+
+impl Pattern {
+    /// Applies option `name=value` of a `kind` pattern (one its shape takes).
+    fn set(&mut self, kind: &str, name: &str, value: &str) -> Result<(), String> {
         let time = || parse_offset(value).map_err(|e| format!("{kind}: {name}: {e}"));
         let number =
             || value.parse::<u64>().map_err(|_| format!("{kind}: {name}: {value:?} is not a whole number"));
-        match (name, &mut pattern.shape) {
-            ("from", _) => pattern.from = time()?,
-            ("to", _) => pattern.to = Some(time()?),
+        match (name, &mut self.shape) {
+            ("from", _) => self.from = time()?,
+            ("to", _) => self.to = Some(time()?),
             ("every", Shape::Burst { every, .. }) => {
                 let interval = time()?;
                 // Repeats stop at the end of the run (or `to`); a zero interval never would.
@@ -261,20 +269,17 @@ fn parse_pattern(text: &str) -> Result<Pattern, String> {
             }
             ("seed", Shape::Poisson { seed, .. }) => *seed = number()?,
             ("key", _) if value.is_empty() => return Err(format!("{kind}: key cannot be empty")),
-            ("key", _) => pattern.key = value.to_owned(),
+            ("key", _) => self.key = value.to_owned(),
             ("cost", _) => {
-                pattern.cost = number()?;
-                if pattern.cost == 0 {
+                self.cost = number()?;
+                if self.cost == 0 {
                     return Err(format!("{kind}: cost must be at least 1 (a cost of 0 only peeks)"));
                 }
             }
-            _ => unreachable!("options are checked against `allowed` above"),
+            _ => unreachable!("options are checked against the shape's list first"),
         }
+        Ok(())
     }
-    if pattern.to.is_some_and(|to| to <= pattern.from) {
-        return Err(format!("{kind}: to must be after from"));
-    }
-    Ok(pattern)
 }
 
 impl FromStr for Traffic {
@@ -314,55 +319,62 @@ impl Traffic {
     pub fn requests(&self, duration: u64) -> anyhow::Result<Requests> {
         let mut out = Requests::default();
         for pattern in &self.patterns {
-            if let Shape::File(path) = &pattern.shape {
-                // A file names its own keys and costs.
-                read_csv(path, &mut out, duration)?;
-                continue;
-            }
-            let end = pattern.to.unwrap_or(duration).min(duration);
-            let key = out.key(&pattern.key);
             match &pattern.shape {
-                Shape::Steady(rate) => {
-                    // The i-th request at from + i * per / count: exact, no drift over long runs.
-                    for i in 0u64.. {
-                        let offset = u128::from(i) * u128::from(rate.per) / u128::from(rate.count);
-                        let at = u64::try_from(u128::from(pattern.from) + offset).unwrap_or(u64::MAX);
-                        if at >= end {
-                            break;
-                        }
-                        out.push(at, key, pattern.cost)?;
-                    }
-                }
-                Shape::Poisson { rate, seed } => {
-                    let mean = rate.per as f64 / rate.count as f64;
-                    let mut rng = XorShift::new(*seed);
-                    let mut at = pattern.from as f64;
-                    loop {
-                        at += -rng.next_unit().ln() * mean;
-                        if at >= end as f64 {
-                            break;
-                        }
-                        out.push(at as u64, key, pattern.cost)?;
-                    }
-                }
-                Shape::Burst { count, at, every } => {
-                    let mut t = *at;
-                    while t < end {
-                        for _ in 0..*count {
-                            out.push(t, key, pattern.cost)?;
-                        }
-                        match every {
-                            Some(every) => t += every,
-                            None => break,
-                        }
-                    }
-                }
-                Shape::File(_) => {} // read above
+                // A file names its own keys and costs.
+                Shape::File(path) => read_csv(path, &mut out, duration)?,
+                _ => pattern.generate(&mut out, duration)?,
             }
         }
         // Stable: at equal times, patterns keep the order they were written in.
         out.list.sort_by_key(|r| r.at);
         Ok(out)
+    }
+}
+
+impl Pattern {
+    /// Adds the requests of this (generated, not file) pattern within `[0, duration)` to `out`.
+    fn generate(&self, out: &mut Requests, duration: u64) -> anyhow::Result<()> {
+        let end = self.to.unwrap_or(duration).min(duration);
+        let key = out.key(&self.key);
+        match &self.shape {
+            Shape::Steady(rate) => {
+                // The i-th request at from + i * per / count: exact, no drift over long runs.
+                for i in 0u64.. {
+                    let offset = u128::from(i) * u128::from(rate.per) / u128::from(rate.count);
+                    let at = u64::try_from(u128::from(self.from) + offset).unwrap_or(u64::MAX);
+                    if at >= end {
+                        break;
+                    }
+                    out.push(at, key, self.cost)?;
+                }
+            }
+            Shape::Poisson { rate, seed } => {
+                let mean = rate.per as f64 / rate.count as f64;
+                let mut rng = XorShift::new(*seed);
+                let mut at = self.from as f64;
+                loop {
+                    at += -rng.next_unit().ln() * mean;
+                    if at >= end as f64 {
+                        break;
+                    }
+                    out.push(at as u64, key, self.cost)?;
+                }
+            }
+            Shape::Burst { count, at, every } => {
+                let mut t = *at;
+                while t < end {
+                    for _ in 0..*count {
+                        out.push(t, key, self.cost)?;
+                    }
+                    match every {
+                        Some(every) => t += every,
+                        None => break,
+                    }
+                }
+            }
+            Shape::File(_) => unreachable!("files are read, not generated"),
+        }
+        Ok(())
     }
 }
 

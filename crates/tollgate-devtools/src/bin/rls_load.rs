@@ -4,7 +4,7 @@
 //! gRPC health check through the same server, as the reference (the gRPC stack alone, no
 //! decision). Prints calls/s and latency percentiles of both, and their ratios.
 //!
-//! `cargo run --release -p tollgate-envoy --example rls_load -- http://127.0.0.1:8081 32 10`
+//! `cargo run --release -p tollgate-devtools --bin rls_load -- http://127.0.0.1:8081 32 10`
 
 use std::time::{Duration, Instant};
 
