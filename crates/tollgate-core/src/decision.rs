@@ -84,8 +84,8 @@ impl Decision {
                 name: rule.name.clone(),
                 algorithm: rule.rule.algorithm(),
                 allowed: true,
-                limit: rule.algo.capacity(),
-                remaining: rule.algo.capacity(),
+                limit: rule.algorithm.capacity(),
+                remaining: rule.algorithm.capacity(),
                 reset_after: Duration::ZERO,
                 retry_after: Duration::ZERO,
             })
