@@ -1,10 +1,10 @@
 -- Runs the parts of a call, in the phases of crates/tollgate-core/src/engine.rs (run_group):
 -- parts of one group are all or nothing; groups run one after another.
 --
--- KEYS and ARGV are laid out as the module docs of crates/tollgate-core/src/script.rs say; the
--- layout's sizes and operation codes (PER_RULE, PART_HEADER, RUN_HEADER, OP_*) come from the
--- header script.rs generates from its constants. All keys share one hash tag on Redis Cluster,
--- so this runs there unchanged.
+-- KEYS and ARGV are laid out as the module docs of crates/tollgate-core/src/script.rs say. The
+-- layout's sizes and operation codes are written here by their names in script.rs, which
+-- replaces each by its value when it assembles the script. All keys share one hash tag on
+-- Redis Cluster, so this runs there unchanged.
 -- Reply: {now, then per part and rule: admitted (1 or 0), remaining, reset_after,
 --   retry_after}, times in microseconds.
 
