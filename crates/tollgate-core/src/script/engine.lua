@@ -34,12 +34,16 @@ local reply = {now}
 -- is that entry, which loads the state once and sums the demand on it.
 local entries = {}
 
--- Runs the entries entries[first..last], one group's.
-local function run(first, last)
+-- Runs the entries entries[first..last], one group's; `joint` when the group has several parts
+-- (only then may an entry have an owner).
+local function run(first, last, joint)
   -- 1. Load and refresh each state once, and add up what the group asks of it.
   for i = first, last do
     local entry = entries[i]
-    local owner = entry.owner or entry
+    local owner = entry
+    if joint then
+      owner = entry.owner or entry
+    end
     if owner == entry then
       local rule = entry.rule
       entry.algorithm = rule.algorithm
@@ -139,7 +143,7 @@ while at <= args do
   local op = ARGV[at]
   if op == OP_RUN then
     if parts_in_group > 0 then
-      run(first, k)
+      run(first, k, parts_in_group > 1)
       parts_in_group = 0
     end
     local rule, n = RULES[tonumber(ARGV[at + 1])], tonumber(ARGV[at + 2])
@@ -158,7 +162,7 @@ while at <= args do
       cost = amount
     end
     if ARGV[at + 4] ~= '1' and parts_in_group > 0 then -- a new group: run the one before
-      run(first, k)
+      run(first, k, parts_in_group > 1)
       first, parts_in_group = k + 1, 0
     end
     parts_in_group = parts_in_group + 1
@@ -168,23 +172,25 @@ while at <= args do
       k = k + 1
       -- the group plan: a rule's number, or -j for the state of the group's j-th entry
       local planned = tonumber(ARGV[at])
-      local owner, rule = false, nil
-      if planned < 0 then
+      local rule, owner = RULES[planned], nil
+      if not rule then -- -j: the state of the group's j-th entry
         owner = entries[first - 1 - planned]
         rule = owner.rule
-      else
-        rule = RULES[planned]
       end
-      -- every field it will hold, so the table is sized once (a rehash costs a reallocation)
-      entries[k] = {key = KEYS[k], prefix = rule.prefix, rule = rule, op = op, cost = cost,
-                    amount = amount, lease_id = lease_id, lease_units = lease_units, had = 0,
-                    owner = owner, algorithm = false, state = false, demand = 0, admits = false,
-                    wait = 0}
+      -- every field it will hold, so the table is sized once (a rehash costs a reallocation;
+      -- `owner`, rare, fits in the room left)
+      local entry = {key = KEYS[k], prefix = rule.prefix, rule = rule, op = op, cost = cost,
+                     amount = amount, lease_id = lease_id, lease_units = lease_units, had = 0,
+                     algorithm = false, state = false, demand = 0, admits = false, wait = 0}
+      if owner then
+        entry.owner = owner
+      end
+      entries[k] = entry
       at = at + 1
     end
   end
 end
 if parts_in_group > 0 then
-  run(first, k)
+  run(first, k, parts_in_group > 1)
 end
 return reply
