@@ -49,9 +49,8 @@ pub trait Backend: Send + Sync {
     /// refuses joint groups with [`Error::JointUnsupported`]; both of Tollgate's backends
     /// decide any batch in one step.
     async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
-        crate::validate_batch(parts)?;
-        let groups = crate::groups(parts);
-        if groups.iter().any(|g| g.len() > 1) {
+        let joint = crate::BatchPlan::new(parts)?.groups().any(|group| group.len() > 1);
+        if joint {
             return Err(Error::JointUnsupported);
         }
         let mut decisions = Vec::with_capacity(parts.len());

@@ -88,7 +88,7 @@ impl RuleSet {
         let mut bytes = 0u64;
         let mut hashed = false;
         for rule in self.compiled() {
-            hashed |= rule.algo.hash_fields().is_some();
+            hashed |= rule.algorithm.hash_fields().is_some();
             bytes = bytes.saturating_add(rule.rule.worst_case_state().bytes);
         }
         if hashed { bytes.saturating_add(SHARED_HASH_BYTES) } else { bytes }

@@ -1,6 +1,17 @@
-//! Tollgate's rate-limit engine: rules, decisions, clocks, the algorithms, and the in-memory
-//! backend. No I/O: the Redis backend (`tollgate-redis`) runs the same algorithms' Lua twins,
-//! which live here beside their Rust forms (see [`algorithm::lua`]).
+//! Tollgate's rate-limit engine. It owns:
+//! - the rule model: [`Rule`], [`RuleKind`], [`RuleSet`] (validated and compiled once), with the
+//!   bounds in [`limits`];
+//! - the algorithms, as pure state machines (private), and the engine that runs an operation or
+//!   a batch's group over their states in phases (private; batches are planned by
+//!   [`BatchPlan`]);
+//! - the [`Backend`] trait, its requests ([`Operation`], [`Part`]) and answers ([`Decision`]),
+//!   clocks ([`Clock`]) and errors;
+//! - the in-memory backend ([`MemoryBackend`]);
+//! - the algorithms' Lua twins and the engine's Lua form, with their calling convention
+//!   ([`script`]), for backends that run the engine inside Redis.
+//!
+//! It does no I/O: the Redis backend (`tollgate-redis`) connects, names keys and sends
+//! [`script`]'s arguments; the limiter (`tollgate-limiter`) adds policies and failure handling.
 //!
 //! ```
 //! use tollgate_core::{ManualClock, MemoryBackend, Operation, Period, Rule, RuleSet};
@@ -23,22 +34,25 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod algorithm;
+mod algorithm;
 mod backend;
 mod batch;
 mod clock;
 mod decision;
+mod engine;
 mod error;
 pub mod footprint;
 pub mod limits;
 mod memory;
 mod operation;
 mod period;
+mod plan;
 mod rule;
 mod ruleset;
+pub mod script;
 
 pub use backend::Backend;
-pub use batch::{Part, groups, validate_batch};
+pub use batch::Part;
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use decision::{Acquisition, Decision, Lease, LeaseId, LeaseIdError, RuleOutcome};
 pub use error::{BoxError, Error, KeyError, RuleError};
@@ -48,8 +62,9 @@ pub use memory::{
 };
 pub use operation::{Operation, validate_key};
 pub use period::{Period, PeriodError};
-pub use rule::{Algorithm, Align, Rule, RuleKind};
-pub use ruleset::{RuleSet, StateSlot};
+pub use plan::BatchPlan;
+pub use rule::{AlgorithmName, Align, Rule, RuleKind};
+pub use ruleset::RuleSet;
 
 /// The README's Rust examples, compiled and run as doc tests so they stay true.
 #[cfg(doctest)]

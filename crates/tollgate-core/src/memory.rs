@@ -10,10 +10,13 @@ use async_trait::async_trait;
 use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 
-use crate::algorithm::{self, Member, State, States};
+use crate::algorithm::State;
+use crate::engine::{self, States};
 use crate::limits::{MAX_BATCH_PARTS, MAX_RULES};
 use crate::operation::validate_key;
-use crate::{Backend, Clock, Decision, Error, Operation, Part, RuleSet, SystemClock, validate_batch};
+use crate::plan::GroupPlan;
+use crate::ruleset::CompiledRule;
+use crate::{Backend, BatchPlan, Clock, Decision, Error, Operation, Part, RuleSet, SystemClock};
 
 /// Sweeps for expired state run at most once a second, and at most once per microsecond per key
 /// held (10 s apart with 10 million keys), so their cost stays a small share of one core while
@@ -38,9 +41,9 @@ pub const EVICTIONS_METRIC: &str = "tollgate_memory_evictions_total";
 /// the number evicted since the last one: enough to notice, never a flood.
 const EVICTION_LOG_INTERVAL: i64 = 10_000_000;
 
-/// One rule's state for a key.
+/// One rule's state for a key, as held.
 #[derive(Debug)]
-struct Slot {
+struct HeldState {
     signature: Arc<str>,
     state: State,
     /// When `state` becomes the same as no state.
@@ -51,8 +54,8 @@ struct Slot {
 /// so a lookup touches one allocation less).
 #[derive(Debug)]
 struct Entry {
-    slots: SmallVec<[Slot; 2]>,
-    /// The latest of the slots' expiries: the entry can go then.
+    states: SmallVec<[HeldState; 2]>,
+    /// The latest of the states' expiries: the entry can go then.
     expires_at: i64,
     /// The expiry of this entry's newest (and lowest) record in its shard's `by_expiry`, at
     /// most `expires_at`; `i64::MAX` before its first.
@@ -61,7 +64,7 @@ struct Entry {
 
 impl Default for Entry {
     fn default() -> Self {
-        Entry { slots: SmallVec::new(), expires_at: i64::MIN, floor: i64::MAX }
+        Entry { states: SmallVec::new(), expires_at: i64::MIN, floor: i64::MAX }
     }
 }
 
@@ -286,19 +289,20 @@ impl Shard {
     }
 }
 
-/// The states of one operation's rules among a key's slots: rule `i` is `slots[index[i]]`.
+/// The states of one operation's rules among a key's held states: rule `i` is
+/// `held[index[i]]`.
 struct Found<'a> {
-    slots: &'a mut [Slot],
+    held: &'a mut [HeldState],
     index: &'a [usize; MAX_RULES],
 }
 
 impl States for Found<'_> {
     fn get(&mut self, rule: usize) -> &mut State {
-        &mut self.slots[self.index[rule]].state
+        &mut self.held[self.index[rule]].state
     }
 }
 
-/// A batch group's states, moved out of their slots while the group runs.
+/// A batch group's states, moved out of the map while the group runs.
 struct Taken(SmallVec<[State; 8]>);
 
 impl States for Taken {
@@ -308,7 +312,7 @@ impl States for Taken {
 }
 
 impl Entry {
-    /// Finds (or creates) each rule's slot.
+    /// Finds (or creates) each rule's state.
     fn find(&mut self, rules: &RuleSet) -> [usize; MAX_RULES] {
         let mut index = [0; MAX_RULES];
         for (i, rule) in rules.compiled().iter().enumerate() {
@@ -317,41 +321,42 @@ impl Entry {
         index
     }
 
-    /// Finds (or creates) one rule's slot.
-    fn find_one(&mut self, rule: &crate::ruleset::CompiledRule) -> usize {
+    /// Finds (or creates) one rule's state.
+    fn find_one(&mut self, rule: &CompiledRule) -> usize {
         // The same rule set's signatures are the same allocation: compare pointers first.
-        let same = |s: &Slot| Arc::ptr_eq(&s.signature, &rule.signature) || s.signature == rule.signature;
-        match self.slots.iter().position(same) {
+        let same =
+            |s: &HeldState| Arc::ptr_eq(&s.signature, &rule.signature) || s.signature == rule.signature;
+        match self.states.iter().position(same) {
             Some(at) => at,
             None => {
-                self.slots.push(Slot {
+                self.states.push(HeldState {
                     signature: rule.signature.clone(),
-                    state: rule.algo.new_state(),
+                    state: rule.algorithm.new_state(),
                     expires_at: i64::MIN,
                 });
-                self.slots.len() - 1
+                self.states.len() - 1
             }
         }
     }
 
-    /// Records the new expiry of the rules' slots.
+    /// Records the new expiry of the rules' states.
     fn settle(&mut self, rules: &RuleSet, index: &[usize; MAX_RULES]) {
         for (i, rule) in rules.compiled().iter().enumerate() {
-            let slot = &mut self.slots[index[i]];
-            slot.expires_at = rule.algo.expires_at(&mut slot.state).unwrap_or(i64::MIN);
+            let held = &mut self.states[index[i]];
+            held.expires_at = rule.algorithm.expires_at(&mut held.state).unwrap_or(i64::MIN);
         }
         self.refresh_expiry();
     }
 
-    /// The entry can go when its last slot has expired.
+    /// The entry can go when its last state has expired.
     fn refresh_expiry(&mut self) {
-        self.expires_at = self.slots.iter().map(|s| s.expires_at).max().unwrap_or(i64::MIN);
+        self.expires_at = self.states.iter().map(|s| s.expires_at).max().unwrap_or(i64::MIN);
     }
 
-    /// Drops expired slots; false when none is left.
+    /// Drops expired states; false when none is left.
     fn prune(&mut self, now: i64) -> bool {
-        self.slots.retain(|s| s.expires_at > now);
-        !self.slots.is_empty()
+        self.states.retain(|s| s.expires_at > now);
+        !self.states.is_empty()
     }
 }
 
@@ -394,8 +399,8 @@ impl<C: Clock> MemoryBackend<C> {
             }
             let Some(entry) = shard.map.get_mut(key) else { unreachable!("inserted above") };
             let index = entry.find(rules);
-            let decision =
-                algorithm::run(rules, now, &op, &mut Found { slots: &mut entry.slots, index: &index });
+            let plan = GroupPlan::single(key, rules, op);
+            let decision = engine::run(&plan, now, &mut Found { held: &mut entry.states, index: &index });
             entry.settle(rules, &index);
             if entry.expires_at < entry.floor {
                 shard.index(key);
@@ -412,9 +417,9 @@ impl<C: Clock> MemoryBackend<C> {
         validate_key(key)?;
         let mut shard = self.lock(self.shard_of(key));
         if let Some(entry) = shard.map.get_mut(key) {
-            entry.slots.retain(|slot| !rules.signatures().any(|s| s == &*slot.signature));
+            entry.states.retain(|held| !rules.signatures().any(|s| s == &*held.signature));
             entry.refresh_expiry();
-            if entry.slots.is_empty() {
+            if entry.states.is_empty() {
                 shard.map.remove(key);
             } else {
                 shard.index(key);
@@ -426,7 +431,7 @@ impl<C: Clock> MemoryBackend<C> {
     /// Checks a batch synchronously: see [`Part`] and [`Backend::check_batch`]. All the batch's
     /// keys are locked for the whole batch, so it is atomic.
     pub fn check_batch_now(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
-        validate_batch(parts)?;
+        let plan = BatchPlan::new(parts)?;
         let now = self.now();
         let mut shard_ids: SmallVec<[usize; 8]> = parts.iter().map(|p| self.shard_of(p.key)).collect();
         shard_ids.sort_unstable();
@@ -435,7 +440,7 @@ impl<C: Clock> MemoryBackend<C> {
         let mut guards: SmallVec<[MutexGuard<'_, Shard>; 8]> =
             shard_ids.iter().map(|&i| self.lock(i)).collect();
         // Room for the batch's new keys first, so that no key of the batch is evicted while its
-        // state is out of its slot (and the cap holds throughout).
+        // state is out of the map (and the cap holds throughout).
         let mut keys: SmallVec<[(usize, &str); 8]> = parts
             .iter()
             .map(|p| (shard_ids.binary_search(&self.shard_of(p.key)).unwrap_or(0), p.key))
@@ -451,57 +456,32 @@ impl<C: Clock> MemoryBackend<C> {
             }
         }
         let mut decisions: Vec<Option<Decision>> = vec![None; parts.len()];
-        for members in crate::groups(parts) {
-            // The group's distinct states (key and rule), moved out of their slots while it runs.
-            let mut places: SmallVec<[(usize, &str, &crate::ruleset::CompiledRule); 8]> = SmallVec::new();
-            let mut positions: SmallVec<[SmallVec<[usize; 4]>; 4]> = SmallVec::new();
-            for &p in &members {
-                let part = &parts[p];
-                let guard = shard_ids.binary_search(&self.shard_of(part.key)).unwrap_or(0);
-                let at = part
-                    .rules
-                    .compiled()
-                    .iter()
-                    .map(|rule| {
-                        let same = |(_, k, r): &(usize, &str, &crate::ruleset::CompiledRule)| {
-                            *k == part.key && r.signature == rule.signature
-                        };
-                        places.iter().position(same).unwrap_or_else(|| {
-                            places.push((guard, part.key, rule));
-                            places.len() - 1
-                        })
-                    })
-                    .collect();
-                positions.push(at);
-            }
+        for (members, group) in plan.planned() {
+            // The group's states, moved out of their places while it runs.
             let mut taken = Taken(SmallVec::new());
-            for &(guard, key, rule) in &places {
+            let mut at: SmallVec<[usize; 8]> = SmallVec::new();
+            for planned in group.states() {
+                let guard = shard_ids.binary_search(&self.shard_of(planned.key)).unwrap_or(0);
                 let shard = &mut guards[guard];
-                if !shard.map.contains_key(key) {
-                    shard.map.insert(key.into(), Entry::default());
+                if !shard.map.contains_key(planned.key) {
+                    shard.map.insert(planned.key.into(), Entry::default());
                 }
-                let Some(entry) = shard.map.get_mut(key) else { unreachable!("inserted above") };
-                let slot = entry.find_one(rule);
-                taken.0.push(std::mem::replace(&mut entry.slots[slot].state, rule.algo.new_state()));
+                let Some(entry) = shard.map.get_mut(planned.key) else { unreachable!("inserted above") };
+                let found = entry.find_one(planned.rule);
+                let state = planned.rule.algorithm.new_state();
+                taken.0.push(std::mem::replace(&mut entry.states[found].state, state));
+                at.push(guard);
             }
-            let group: SmallVec<[Member<'_>; 4]> = members
-                .iter()
-                .zip(&positions)
-                .map(|(&p, at)| Member {
-                    rules: parts[p].rules,
-                    op: Operation::Check { cost: parts[p].cost },
-                    states: at,
-                })
-                .collect();
-            algorithm::run_group(now, &group, &mut taken, |m, d| decisions[members[m]] = Some(d));
-            for (&(guard, key, rule), mut state) in places.iter().zip(taken.0) {
+            engine::run_group(now, group, &mut taken, |p, d| decisions[members[p]] = Some(d));
+            for ((planned, &guard), mut state) in group.states().iter().zip(&at).zip(taken.0) {
                 let shard = &mut guards[guard];
-                let Some(entry) = shard.map.get_mut(key) else { continue };
-                let slot = entry.find_one(rule);
-                entry.slots[slot].expires_at = rule.algo.expires_at(&mut state).unwrap_or(i64::MIN);
-                entry.slots[slot].state = state;
+                let Some(entry) = shard.map.get_mut(planned.key) else { continue };
+                let found = entry.find_one(planned.rule);
+                entry.states[found].expires_at =
+                    planned.rule.algorithm.expires_at(&mut state).unwrap_or(i64::MIN);
+                entry.states[found].state = state;
                 entry.refresh_expiry();
-                shard.index(key);
+                shard.index(planned.key);
             }
         }
         drop(guards);

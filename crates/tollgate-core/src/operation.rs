@@ -62,13 +62,10 @@ impl Operation<'_> {
             Operation::Refund { .. } | Operation::Release { .. } => return Ok(()),
         };
         for (index, rule) in rules.compiled().iter().enumerate() {
-            if cost > 0
-                && matches!(self, Operation::Check { .. })
-                && matches!(rule.algo, crate::algorithm::Algo::Concurrency(_))
-            {
+            if cost > 0 && matches!(self, Operation::Check { .. }) && rule.algorithm.holds_leases() {
                 return Err(Error::LeaseRequired { index });
             }
-            let capacity = rule.algo.capacity();
+            let capacity = rule.algorithm.capacity();
             if cost > capacity {
                 return Err(Error::CostExceedsCapacity {
                     index,

@@ -1,8 +1,10 @@
 //! [`RuleSet`]: rules validated and compiled once, then checked together.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::algorithm::Algo;
+use crate::algorithm::{self, Admission, AnyAlgorithm, Report};
+use crate::decision::RuleOutcome;
 use crate::limits::{MAX_CONCURRENCY_LIMIT, MAX_COUNT, MAX_LOG_LIMIT, MAX_NAME_BYTES, MAX_RULES};
 use crate::{Rule, RuleError, RuleKind};
 
@@ -11,32 +13,15 @@ pub(crate) struct CompiledRule {
     pub(crate) rule: Rule,
     pub(crate) name: Option<Arc<str>>,
     pub(crate) signature: Arc<str>,
-    pub(crate) algo: Algo,
+    pub(crate) algorithm: AnyAlgorithm,
     /// In a packed set, the prefix of this rule's fields in the shared hash (`<id>.`); else "".
     pub(crate) field_prefix: Arc<str>,
-}
-
-/// Where a rule's state is kept by a backend that stores it in named places (Redis).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StateSlot<'a> {
-    /// A key of its own, named by the rule's signature.
-    Own {
-        /// The rule's signature.
-        signature: &'a str,
-    },
-    /// Fields of one hash shared by the rule set's hash-stored rules.
-    Shared {
-        /// The prefix of this rule's field names (`<id>.`, the id derived from the signature).
-        prefix: &'a str,
-        /// The rule's field names, to be prefixed.
-        fields: &'static [&'static str],
-    },
 }
 
 /// A stable 8-character id of a signature: 48 bits of its FNV-1a hash, base64url. Field names
 /// in shared hashes use it instead of the (longer) signature. Never change this function:
 /// stored state is found by it.
-fn short_id(signature: &str) -> String {
+pub(crate) fn short_id(signature: &str) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in signature.bytes() {
@@ -44,6 +29,10 @@ fn short_id(signature: &str) -> String {
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     (0..8).map(|i| ALPHABET[((hash >> (i * 6)) & 63) as usize] as char).collect()
+}
+
+fn micros(d: i64) -> Duration {
+    Duration::from_micros(u64::try_from(d).unwrap_or(0))
 }
 
 /// Rules checked together, all or nothing: validated and compiled once, cheap to clone.
@@ -129,39 +118,28 @@ impl RuleSet {
         let mut compiled: Vec<CompiledRule> = Vec::with_capacity(rules.len());
         for (index, rule) in rules.into_iter().enumerate() {
             validate(index, &rule)?;
-            let algo = Algo::compile(&rule.kind).map_err(|_| inexact(index, &rule.kind))?;
-            let signature: Arc<str> = Algo::signature(&rule.kind).into();
+            let algorithm = algorithm::compile(&rule.kind).map_err(|_| inexact(index, &rule.kind))?;
+            let signature: Arc<str> = algorithm::signature(&rule.kind).into();
             if let Some(first) = compiled.iter().position(|c| c.signature == signature) {
                 return Err(RuleError::Duplicate { index, first });
             }
             let name = rule.name.as_deref().map(Arc::from);
-            compiled.push(CompiledRule { rule, name, signature, algo, field_prefix: Arc::from("") });
+            compiled.push(CompiledRule { rule, name, signature, algorithm, field_prefix: Arc::from("") });
         }
         // Hash-stored rules keep their fields in one hash per key (a key per rule would cost
         // Redis far more memory than its few fields), named by the rule's id, so the same rule
         // finds the same state from any rule set, as in memory. Two ids of one set alike (a
         // 2^-48 chance) would share fields: that set keeps a key per rule instead.
         let hashed: Vec<usize> =
-            (0..compiled.len()).filter(|&i| compiled[i].algo.hash_fields().is_some()).collect();
+            (0..compiled.len()).filter(|&i| compiled[i].algorithm.hash_fields().is_some()).collect();
         let ids: Vec<String> = hashed.iter().map(|&i| short_id(&compiled[i].signature)).collect();
         if ids.iter().enumerate().all(|(i, id)| !ids[..i].contains(id)) {
             for (&i, id) in hashed.iter().zip(ids) {
                 compiled[i].field_prefix = format!("{id}.").into();
             }
         }
-        let has_concurrency = compiled.iter().any(|c| matches!(c.algo, Algo::Concurrency(_)));
+        let has_concurrency = compiled.iter().any(|c| c.algorithm.holds_leases());
         Ok(RuleSet { rules: compiled.into(), has_concurrency })
-    }
-
-    /// Where each rule's state lives, in order: rules stored as hashes have fields in one hash
-    /// per key; the others (sorted sets) keep keys of their own.
-    pub fn state_slots(&self) -> impl ExactSizeIterator<Item = StateSlot<'_>> {
-        self.rules.iter().map(|c| match c.algo.hash_fields() {
-            Some(fields) if !c.field_prefix.is_empty() => {
-                StateSlot::Shared { prefix: &c.field_prefix, fields }
-            }
-            _ => StateSlot::Own { signature: &c.signature },
-        })
     }
 
     /// Number of rules.
@@ -193,6 +171,43 @@ impl RuleSet {
 
     pub(crate) fn compiled(&self) -> &[CompiledRule] {
         &self.rules
+    }
+
+    /// Rule `index`'s outcome as another decider reported it (a Tollgate server answering a
+    /// remote client): the rule's name, algorithm and limit come from this set. `None` when the
+    /// set has no rule `index`.
+    pub fn reported_outcome(
+        &self,
+        index: usize,
+        allowed: bool,
+        remaining: u64,
+        reset_after: Duration,
+        retry_after: Duration,
+    ) -> Option<RuleOutcome> {
+        let rule = self.compiled().get(index)?;
+        Some(RuleOutcome {
+            name: rule.name.clone(),
+            algorithm: rule.rule.algorithm(),
+            allowed,
+            limit: rule.algorithm.capacity(),
+            remaining,
+            reset_after,
+            retry_after: if allowed { Duration::ZERO } else { retry_after },
+        })
+    }
+
+    /// A rule's outcome from its admission and report (shared by both backends).
+    pub(crate) fn outcome(&self, index: usize, admission: Admission, report: Report) -> RuleOutcome {
+        let rule = &self.compiled()[index];
+        RuleOutcome {
+            name: rule.name.clone(),
+            algorithm: rule.rule.algorithm(),
+            allowed: admission.admits,
+            limit: rule.algorithm.capacity(),
+            remaining: report.remaining,
+            reset_after: micros(report.reset_after),
+            retry_after: if admission.admits { Duration::ZERO } else { micros(admission.retry_after) },
+        }
     }
 }
 
@@ -238,39 +253,6 @@ mod tests {
     fn inexact_rates_are_refused_with_a_way_out() {
         let err = RuleSet::new([Rule::token_bucket(MAX_COUNT, 999_999_937, Period::SECOND)]).unwrap_err();
         assert!(matches!(err, RuleError::Inexact { index: 0, .. }), "{err}");
-    }
-
-    #[test]
-    fn hash_stored_rules_share_one_hash() {
-        let alone = RuleSet::new([
-            Rule::fixed_window(1, Period::SECOND),
-            Rule::sliding_window_log(1, Period::SECOND),
-        ])
-        .unwrap();
-        let slots: Vec<_> = alone.state_slots().collect();
-        assert!(matches!(slots[0], StateSlot::Shared { prefix: "-BgJSBhJ.", fields: ["s", "c"] }));
-        assert!(matches!(slots[1], StateSlot::Own { .. }));
-        let six = RuleSet::new([
-            Rule::fixed_window(1, Period::SECOND),
-            Rule::sliding_window_log(1, Period::SECOND),
-            Rule::sliding_window_counter(1, Period::MINUTE),
-            Rule::gcra(1, Period::SECOND, 1),
-        ])
-        .unwrap();
-        let slots: Vec<_> = six.state_slots().collect();
-        assert!(matches!(slots[1], StateSlot::Own { signature: "swl2:1:1000000" }));
-        let prefixes: Vec<_> = slots
-            .iter()
-            .filter_map(|s| match s {
-                StateSlot::Shared { prefix, .. } => Some(*prefix),
-                StateSlot::Own { .. } => None,
-            })
-            .collect();
-        assert_eq!(prefixes.len(), 3);
-        assert!(prefixes.iter().all(|p| p.len() == 9 && p.ends_with('.')));
-        // Stable: the same rule gets the same id in any set.
-        assert_eq!(short_id("fw:1:1000000"), short_id("fw:1:1000000"));
-        assert_eq!(short_id("fw:1:1000000"), "-BgJSBhJ", "pinned: stored state is found by it");
     }
 
     #[test]

@@ -389,7 +389,7 @@ impl Limiter {
 
     /// A batch, as [`decide`](Self::decide) does one operation.
     async fn decide_batch(&self, parts: &[Part<'_>]) -> Result<(Vec<Decision>, bool), LimitError> {
-        tollgate_core::validate_batch(parts).map_err(LimitError::Invalid)?;
+        tollgate_core::BatchPlan::new(parts).map_err(LimitError::Invalid)?;
         self.answer(
             self.inner.primary.check_batch(parts),
             || parts.iter().map(|p| Decision::admitted_unchecked(p.rules)).collect(),

@@ -11,10 +11,10 @@
 use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
-use tollgate_core::algorithm::lua::ScriptPart;
+use tollgate_core::script;
 use tollgate_core::{Decision, Error, Lease, LeaseId, Operation, RuleSet};
 
-use crate::Shared;
+use crate::Client;
 
 /// Operations waiting for the collector, at most; beyond, callers wait to enqueue (their own
 /// timeout still bounds the wait).
@@ -58,17 +58,17 @@ struct Job {
 /// The callers' side of the collector task; dropping it ends the task.
 pub(crate) struct Coalescer {
     queue: mpsc::Sender<Job>,
-    shared: Arc<Shared>,
+    client: Arc<Client>,
     max_parts: usize,
 }
 
 impl Coalescer {
     /// Starts the collector task (within a Tokio runtime).
-    pub(crate) fn start(shared: Arc<Shared>, max_parts: usize) -> Self {
+    pub(crate) fn start(client: Arc<Client>, max_parts: usize) -> Self {
         let (queue, jobs) = mpsc::channel(QUEUE);
-        let slots = Arc::new(Semaphore::new(shared.connections.call_slots()));
-        tokio::spawn(collect(Arc::clone(&shared), jobs, slots, max_parts));
-        Coalescer { queue, shared, max_parts }
+        let slots = Arc::new(Semaphore::new(client.connections.call_slots()));
+        tokio::spawn(collect(Arc::clone(&client), jobs, slots, max_parts));
+        Coalescer { queue, client, max_parts }
     }
 
     pub(crate) fn max_parts(&self) -> usize {
@@ -82,7 +82,7 @@ impl Coalescer {
         rules: &RuleSet,
         op: Operation<'_>,
     ) -> Result<Decision, Error> {
-        let timeout = self.shared.timeout;
+        let timeout = self.client.timeout;
         let (reply, answer) = oneshot::channel();
         let job = Job { key: key.into(), rules: rules.clone(), op: OwnedOp::of(op), reply };
         let sent = tokio::time::timeout(timeout, async {
@@ -98,7 +98,7 @@ impl Coalescer {
 
 /// Collects queued jobs into batches, one script call per free connection slot.
 async fn collect(
-    shared: Arc<Shared>,
+    client: Arc<Client>,
     mut jobs: mpsc::Receiver<Job>,
     slots: Arc<Semaphore>,
     max_parts: usize,
@@ -118,19 +118,19 @@ async fn collect(
         if batch.is_empty() {
             continue;
         }
-        let shared = Arc::clone(&shared);
+        let client = Arc::clone(&client);
         tokio::spawn(async move {
             let _slot = slot;
-            run(&shared, batch).await;
+            run(&client, batch).await;
         });
     }
 }
 
 /// One script call for `batch`, each job its own group; every caller gets its answer.
-async fn run(shared: &Shared, batch: Vec<Job>) {
-    let parts: Vec<(&str, ScriptPart<'_>)> =
-        batch.iter().map(|job| (&*job.key, ScriptPart::alone(&job.rules, job.op.as_op()))).collect();
-    match shared.run(&parts).await {
+async fn run(client: &Client, batch: Vec<Job>) {
+    let parts: Vec<script::Part<'_>> =
+        batch.iter().map(|job| script::Part::alone(&job.key, &job.rules, job.op.as_op())).collect();
+    match client.run(&parts).await {
         Ok(decisions) => {
             for (job, decision) in batch.into_iter().zip(decisions) {
                 let _ = job.reply.send(Ok(decision));

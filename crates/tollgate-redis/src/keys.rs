@@ -46,11 +46,8 @@ pub(crate) fn tagged(prefix: &str, key: &str) -> String {
     out
 }
 
-/// The state key of one rule: the tagged key followed by the rule's signature.
-/// The name, after the tag, of the hash a rule set's hash-stored rules share (signatures always
-/// hold a ':', so none is this).
-pub(crate) const SHARED: &str = "h";
-
+/// The state key of one rule: the tagged key followed by the rule's signature (or
+/// [`SHARED_HASH`](tollgate_core::script::SHARED_HASH), for the hash that hash-stored rules share).
 pub(crate) fn state_key(tagged: &str, signature: &str) -> String {
     let mut out = String::with_capacity(tagged.len() + signature.len());
     let _ = write!(out, "{tagged}{signature}");

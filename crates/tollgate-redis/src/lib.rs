@@ -34,12 +34,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::{RedisError, Script, ServerErrorKind};
-use tollgate_core::algorithm::lua::{self, Arg, ScriptPart, Variant};
 use tollgate_core::limits::MAX_BATCH_PARTS;
-use tollgate_core::{
-    Backend, Clock, Decision, Error, Operation, Part, RuleSet, StateSlot, groups, validate_batch,
-    validate_key,
-};
+use tollgate_core::script::{self, Arg, StateLocation, Variant};
+use tollgate_core::{Backend, BatchPlan, Clock, Decision, Error, Operation, Part, RuleSet, validate_key};
 
 use crate::coalesce::Coalescer;
 use crate::conn::Connections;
@@ -156,7 +153,7 @@ impl RedisBackendBuilder {
         // different keys rarely share one: on a cluster each operation goes alone.
         let coalesce = if connections.is_cluster() { 1 } else { self.coalesce };
         let deny_cache = (self.deny_cache && self.clock.is_none()).then(DenyCache::new);
-        let shared = Arc::new(Shared {
+        let client = Arc::new(Client {
             connections,
             scripts: std::array::from_fn(|_| OnceLock::new()),
             prefix: self.prefix.into(),
@@ -164,22 +161,23 @@ impl RedisBackendBuilder {
             clock: self.clock,
             connection_failures,
         });
-        let coalescer = (coalesce > 1).then(|| Coalescer::start(Arc::clone(&shared), coalesce));
-        Ok(RedisBackend { shared, coalescer, deny_cache })
+        let coalescer = (coalesce > 1).then(|| Coalescer::start(Arc::clone(&client), coalesce));
+        Ok(RedisBackend { client, coalescer, deny_cache })
     }
 }
 
 /// Rule states in Redis. See the [crate docs](crate).
 pub struct RedisBackend {
-    shared: Arc<Shared>,
+    client: Arc<Client>,
     /// Present when operations are coalesced into batches.
     coalescer: Option<Coalescer>,
     /// Present when denials are answered locally until they expire.
     deny_cache: Option<DenyCache>,
 }
 
-/// What every operation uses: connections, prepared scripts, key names, timeout, clock.
-pub(crate) struct Shared {
+/// The backend's side of Redis, which every operation (and the coalescer) uses: connections,
+/// prepared scripts, key names, timeout, clock.
+pub(crate) struct Client {
     connections: Connections,
     /// One prepared script (source and SHA1) per variant, made on first use.
     scripts: [OnceLock<Script>; Variant::COUNT],
@@ -197,12 +195,12 @@ pub(crate) struct Shared {
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("connections", &self.shared.connections.call_slots())
-            .field("cluster", &self.shared.connections.is_cluster())
-            .field("prefix", &self.shared.prefix)
-            .field("timeout", &self.shared.timeout)
+            .field("connections", &self.client.connections.call_slots())
+            .field("cluster", &self.client.connections.is_cluster())
+            .field("prefix", &self.client.prefix)
+            .field("timeout", &self.client.timeout)
             .field("coalesce", &self.coalescer.as_ref().map(Coalescer::max_parts))
-            .field("explicit_clock", &self.shared.clock.is_some())
+            .field("explicit_clock", &self.client.clock.is_some())
             .finish()
     }
 }
@@ -248,31 +246,28 @@ impl RedisBackend {
     /// per key, `<prefix>:{<key>}:h`, prefixed by the rule's id; sorted-set rules (sliding log,
     /// concurrency) have a key each, `<prefix>:{<key>}:<signature>`.
     pub fn state_keys(&self, key: &str, rules: &RuleSet) -> Vec<String> {
-        self.shared.state_keys(key, rules)
+        self.client.state_keys(key, rules)
     }
 }
 
-impl Shared {
+impl Client {
     fn state_keys(&self, key: &str, rules: &RuleSet) -> Vec<String> {
         let tagged = keys::tagged(&self.prefix, key);
-        rules
-            .state_slots()
-            .map(|slot| match slot {
-                StateSlot::Own { signature } => keys::state_key(&tagged, signature),
-                StateSlot::Shared { .. } => keys::state_key(&tagged, keys::SHARED),
+        script::locations(rules)
+            .map(|location| match location {
+                StateLocation::Own { signature } => keys::state_key(&tagged, signature),
+                StateLocation::SharedHash { .. } => keys::state_key(&tagged, script::SHARED_HASH),
             })
             .collect()
     }
 
-    /// Runs `parts` (each on its key) in one script call.
-    pub(crate) async fn run(&self, parts: &[(&str, ScriptPart<'_>)]) -> Result<Vec<Decision>, Error> {
+    /// Runs `parts` in one script call.
+    pub(crate) async fn run(&self, parts: &[script::Part<'_>]) -> Result<Vec<Decision>, Error> {
         let now = self.clock.as_ref().map(|c| c.now());
-        let script_parts: Vec<ScriptPart<'_>> = parts.iter().map(|(_, p)| *p).collect();
-        let variant = Variant::of_parts(&script_parts);
-        let script = self.scripts[variant.index()].get_or_init(|| Script::new(variant.source()));
-        let keys: Vec<String> =
-            parts.iter().flat_map(|(key, part)| self.state_keys(key, part.rules)).collect();
-        let args = lua::arguments(&script_parts, now);
+        let variant = Variant::of_parts(parts);
+        let prepared = self.scripts[variant.index()].get_or_init(|| Script::new(variant.source()));
+        let keys: Vec<String> = parts.iter().flat_map(|part| self.state_keys(part.key, part.rules)).collect();
+        let args = script::arguments(parts, now);
         let call = |verb: &str, script: &str| {
             let mut cmd = redis::cmd(verb);
             cmd.arg(script).arg(keys.len()).arg(&keys);
@@ -284,10 +279,10 @@ impl Shared {
             }
             cmd
         };
-        let (evalsha, eval) = (call("EVALSHA", script.get_hash()), || call("EVAL", variant.source()));
+        let (evalsha, eval) = (call("EVALSHA", prepared.get_hash()), || call("EVAL", variant.source()));
         let reply = self.bounded(self.connections.script(evalsha, eval)).await?;
         let reply: Vec<i64> = redis::from_redis_value(reply).map_err(|e| Error::Backend(Box::new(e)))?;
-        let (_, decisions) = lua::decode(&script_parts, &reply).map_err(|e| Error::Backend(Box::new(e)))?;
+        let (_, decisions) = script::decode(parts, &reply).map_err(|e| Error::Backend(Box::new(e)))?;
         Ok(decisions)
     }
 
@@ -324,7 +319,7 @@ impl Backend for RedisBackend {
             Operation::Acquire { .. } | Operation::Release { .. } => None,
         };
         // Read before the call: a failure during it makes what it decides untrusted too.
-        let epoch = self.shared.connection_failures.load(Ordering::Relaxed);
+        let epoch = self.client.connection_failures.load(Ordering::Relaxed);
         if let (Some(cache), Some(cost)) = (&self.deny_cache, check)
             && let Some(denied) = cache.get(key, rules, cost, epoch)
         {
@@ -334,7 +329,7 @@ impl Backend for RedisBackend {
         let decision = match &self.coalescer {
             Some(coalescer) => coalescer.execute(key, rules, op).await?,
             None => {
-                let mut decisions = self.shared.run(&[(key, ScriptPart::alone(rules, op))]).await?;
+                let mut decisions = self.client.run(&[script::Part::alone(key, rules, op)]).await?;
                 decisions.pop().unwrap_or_else(|| unreachable!("one part, one decision"))
             }
         };
@@ -349,28 +344,27 @@ impl Backend for RedisBackend {
     /// key, one call per key, so a group is all or nothing within each key, and across keys the
     /// calls are made one after another (as envoyproxy/ratelimit charges every descriptor).
     async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
-        validate_batch(parts)?;
+        let plan = BatchPlan::new(parts)?;
         // The script wants each group's parts together: order them group by group.
-        let calls: Vec<Vec<usize>> = if self.shared.connections.is_cluster() {
-            groups(parts).into_iter().flat_map(|group| split_by_key(parts, group)).collect()
+        let calls: Vec<Vec<usize>> = if self.client.connections.is_cluster() {
+            plan.groups().flat_map(|group| split_by_key(parts, group.iter().copied())).collect()
         } else {
-            vec![groups(parts).into_iter().flatten().collect()]
+            vec![plan.groups().flatten().copied().collect()]
         };
+        drop(plan);
         let mut decisions: Vec<Option<Decision>> = vec![None; parts.len()];
         for order in calls {
-            let script_parts: Vec<(&str, ScriptPart<'_>)> = order
+            let script_parts: Vec<script::Part<'_>> = order
                 .iter()
                 .enumerate()
                 .map(|(n, &i)| {
                     let part = &parts[i];
                     let joins = n > 0 && parts[order[n - 1]].group == part.group;
-                    (
-                        part.key,
-                        ScriptPart { rules: part.rules, op: Operation::Check { cost: part.cost }, joins },
-                    )
+                    let op = Operation::Check { cost: part.cost };
+                    script::Part { key: part.key, rules: part.rules, op, joins }
                 })
                 .collect();
-            let decided = self.shared.run(&script_parts).await?;
+            let decided = self.client.run(&script_parts).await?;
             for (&i, decision) in order.iter().zip(decided) {
                 decisions[i] = Some(decision);
             }
@@ -388,12 +382,12 @@ impl Backend for RedisBackend {
         // is never half done, and on a cluster it follows `ASK`, `MOVED`, `TRYAGAIN` and a
         // fail-over as a check does (a `MULTI` sent by the cluster client followed none of
         // them: its retries are off, see `Connections::open`).
-        let keys = self.shared.state_keys(key, rules);
+        let keys = self.client.state_keys(key, rules);
         let mut args: Vec<String> = Vec::new();
-        for slot in rules.state_slots() {
-            match slot {
-                StateSlot::Own { .. } => args.push("0".to_owned()),
-                StateSlot::Shared { prefix, fields } => {
+        for location in script::locations(rules) {
+            match location {
+                StateLocation::Own { .. } => args.push("0".to_owned()),
+                StateLocation::SharedHash { prefix, fields } => {
                     args.push(fields.len().to_string());
                     args.extend(fields.iter().map(|f| format!("{prefix}{f}")));
                 }
@@ -406,7 +400,7 @@ impl Backend for RedisBackend {
         };
         let script = &*RESET_SCRIPT;
         let (evalsha, eval) = (call("EVALSHA", script.get_hash()), || call("EVAL", RESET_LUA));
-        self.shared.bounded(self.shared.connections.script(evalsha, eval)).await?;
+        self.client.bounded(self.client.connections.script(evalsha, eval)).await?;
         Ok(())
     }
 
@@ -414,11 +408,11 @@ impl Backend for RedisBackend {
     /// reconnects on its next use, so a probe that passes leaves them all usable.
     async fn ping(&self) -> Result<(), Error> {
         let mut result = Ok(());
-        for conn in self.shared.bounded(self.shared.connections.all()).await? {
+        for conn in self.client.bounded(self.client.connections.all()).await? {
             let conn = &conn;
             let ping = || {
                 let mut conn = conn.clone();
-                self.shared.bounded(async move { redis::cmd("PING").query_async::<()>(&mut conn).await })
+                self.client.bounded(async move { redis::cmd("PING").query_async::<()>(&mut conn).await })
             };
             // A connection that failed before answers its first use with the old error and
             // reconnects; one retry (not after a timeout, which would only double the wait)

@@ -36,8 +36,8 @@ local function units_of(member)
 end
 
 -- args: limit, lease duration
-function concurrency.load(slot, now, limit, lease)
-  local key = slot.key -- a sorted set: always a key of its own
+function concurrency.load(location, now, limit, lease)
+  local key = location.key -- a sorted set: always a key of its own
   local st = {key = key, limit = limit, lease = lease, count = 0}
   local top = redis.call('ZRANGE', key, -1, -1)
   if #top == 0 then
@@ -89,7 +89,11 @@ function concurrency.decide(st, now, probe)
   end
 end
 
-function concurrency.acquire(st, now, n, id)
+-- Takes the units under lease `id`; without one (a check), nothing (see concurrency.rs).
+function concurrency.consume(st, now, n, id)
+  if not id then
+    return
+  end
   local expires = int(now + st.lease)
   redis.call('ZADD', st.key, expires, id, expires, id .. '=' .. int(n))
   set_total(st, st.count + n)

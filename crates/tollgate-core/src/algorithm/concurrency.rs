@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Report, Verdict, to_i64};
+use super::{Admission, Algorithm, Report, to_i64};
 use crate::Period;
 use crate::decision::LeaseId;
 
@@ -36,15 +36,31 @@ impl Concurrency {
     pub fn new(limit: u64, lease: Period) -> Self {
         Concurrency { limit, lease: to_i64(lease.as_micros()) }
     }
+}
 
-    pub fn refresh(&self, s: &mut State, now: i64) {
+impl Algorithm for Concurrency {
+    type State = State;
+    const LUA_NAME: &'static str = "concurrency";
+    const LUA_SOURCE: &'static str = include_str!("concurrency.lua");
+    const HASH_FIELDS: Option<&'static [&'static str]> = None;
+    const HOLDS_LEASES: bool = true;
+
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn lua_parameters(&self) -> [i64; 4] {
+        [to_i64(self.limit), self.lease, 0, 0]
+    }
+
+    fn refresh(&self, s: &mut State, now: i64) {
         s.leases.retain(|_, held| held.expires_at > now);
         s.total = s.leases.values().map(|held| held.units).sum();
     }
 
-    pub fn decide(&self, s: &State, now: i64, probe: u64) -> Verdict {
+    fn decide(&self, s: &State, now: i64, probe: u64) -> Admission {
         if s.total + probe <= self.limit {
-            return Verdict::ADMIT;
+            return Admission::ADMIT;
         }
         // Without releases, the cost fits once the `excess` soonest-expiring units have expired.
         let excess = s.total + probe - self.limit;
@@ -54,18 +70,20 @@ impl Concurrency {
         for held in by_expiry {
             seen += held.units;
             if seen >= excess {
-                return Verdict::wait(held.expires_at - now);
+                return Admission::wait(held.expires_at - now);
             }
         }
-        Verdict::wait(self.lease) // unreachable: probe <= limit, so excess <= total
+        Admission::wait(self.lease) // unreachable: probe <= limit, so excess <= total
     }
 
-    pub fn acquire(&self, s: &mut State, now: i64, n: u64, id: &LeaseId) {
+    /// Takes the units under `lease`; without one, nothing.
+    fn consume(&self, s: &mut State, now: i64, n: u64, lease: Option<&LeaseId>) {
+        let Some(id) = lease else { return };
         s.leases.insert(id.clone(), Held { units: n, expires_at: now + self.lease });
         s.total += n;
     }
 
-    pub fn release(&self, s: &mut State, id: &LeaseId, units: u64) {
+    fn release(&self, s: &mut State, _now: i64, id: &LeaseId, units: u64) {
         if let Some(held) = s.leases.get_mut(id) {
             let freed = units.min(held.units);
             held.units -= freed;
@@ -76,14 +94,14 @@ impl Concurrency {
         }
     }
 
-    pub fn report(&self, s: &State, now: i64) -> Report {
+    fn report(&self, s: &State, now: i64) -> Report {
         Report {
             remaining: self.limit.saturating_sub(s.total),
-            reset_after: self.expires_at(s).map_or(0, |t| t - now),
+            reset_after: Algorithm::expires_at(self, s).map_or(0, |t| t - now),
         }
     }
 
-    pub fn expires_at(&self, s: &State) -> Option<i64> {
+    fn expires_at(&self, s: &State) -> Option<i64> {
         s.leases.values().map(|held| held.expires_at).max()
     }
 }

@@ -7,13 +7,13 @@ local ALIGN_CLOCK = 0
 
 -- args: limit, period, align (0 clock, 1 first hit); `into`, a state table to fill rather than
 -- make a new one (see check in engine.lua)
-function fixed_window.load(slot, now, limit, period, align, _, into)
-  local start, count = hload(slot, 's', 'c')
+function fixed_window.load(location, now, limit, period, align, _, into)
+  local start, count = hload(location, 's', 'c')
   if count > 0 then
-    slot.had = start + period -- as `save` stored it
+    location.had = start + period -- as `save` stored it
   end
-  local st = into or {slot = false, limit = 0, period = 0, clock = false, start = 0, count = 0}
-  st.slot, st.limit, st.period, st.clock = slot, limit, period, align == ALIGN_CLOCK
+  local st = into or {location = false, limit = 0, period = 0, clock = false, start = 0, count = 0}
+  st.location, st.limit, st.period, st.clock = location, limit, period, align == ALIGN_CLOCK
   st.start, st.count = start, count
   if st.clock then
     local start = floor_div(now, period) * period
@@ -37,9 +37,9 @@ end
 
 local function save(st, now)
   if st.count > 0 then
-    hstore(st.slot, st.start + st.period, now, 's', int(st.start), 'c', int(st.count))
+    hstore(st.location, st.start + st.period, now, 's', int(st.start), 'c', int(st.count))
   else
-    hclear(st.slot, 's', 'c')
+    hclear(st.location, 's', 'c')
   end
 end
 

@@ -9,7 +9,8 @@
 //!
 //! Lua twin: `fixed_window.lua`. Redis state: a hash `{s = window start, c = count}`.
 
-use super::{Report, Verdict, floor_div, to_i64};
+use super::{Admission, Algorithm, Report, floor_div, to_i64};
+use crate::decision::LeaseId;
 use crate::{Align, Period};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,7 +32,30 @@ impl FixedWindow {
         FixedWindow { limit, period: to_i64(period.as_micros()), align }
     }
 
-    pub fn refresh(&self, s: &mut State, now: i64) {
+    /// The end of the current window, or of the one a request now would open.
+    fn window_end(&self, s: &State, now: i64) -> i64 {
+        match self.align {
+            Align::FirstHit if s.count == 0 => now + self.period,
+            _ => s.start + self.period,
+        }
+    }
+}
+
+impl Algorithm for FixedWindow {
+    type State = State;
+    const LUA_NAME: &'static str = "fixed_window";
+    const LUA_SOURCE: &'static str = include_str!("fixed_window.lua");
+    const HASH_FIELDS: Option<&'static [&'static str]> = Some(&["s", "c"]);
+
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn lua_parameters(&self) -> [i64; 4] {
+        [to_i64(self.limit), self.period, i64::from(self.align == Align::FirstHit), 0]
+    }
+
+    fn refresh(&self, s: &mut State, now: i64) {
         match self.align {
             Align::Clock => {
                 let start = floor_div(now, self.period) * self.period;
@@ -47,42 +71,34 @@ impl FixedWindow {
         }
     }
 
-    /// The end of the current window, or of the one a request now would open.
-    fn window_end(&self, s: &State, now: i64) -> i64 {
-        match self.align {
-            Align::FirstHit if s.count == 0 => now + self.period,
-            _ => s.start + self.period,
-        }
-    }
-
-    pub fn decide(&self, s: &State, now: i64, probe: u64) -> Verdict {
+    fn decide(&self, s: &State, now: i64, probe: u64) -> Admission {
         if s.count + probe <= self.limit {
-            Verdict::ADMIT
+            Admission::ADMIT
         } else {
             // A fresh window admits any cost up to the limit.
-            Verdict::wait(self.window_end(s, now) - now)
+            Admission::wait(self.window_end(s, now) - now)
         }
     }
 
-    pub fn consume(&self, s: &mut State, now: i64, n: u64) {
+    fn consume(&self, s: &mut State, now: i64, n: u64, _lease: Option<&LeaseId>) {
         if self.align == Align::FirstHit && s.count == 0 {
             s.start = now;
         }
         s.count += n;
     }
 
-    pub fn refund(&self, s: &mut State, n: u64) {
+    fn refund(&self, s: &mut State, _now: i64, n: u64) {
         s.count = s.count.saturating_sub(n);
     }
 
-    pub fn report(&self, s: &State, now: i64) -> Report {
+    fn report(&self, s: &State, now: i64) -> Report {
         Report {
             remaining: self.limit.saturating_sub(s.count),
             reset_after: if s.count > 0 { self.window_end(s, now) - now } else { 0 },
         }
     }
 
-    pub fn expires_at(&self, s: &State) -> Option<i64> {
+    fn expires_at(&self, s: &State) -> Option<i64> {
         (s.count > 0).then_some(s.start + self.period)
     }
 }

@@ -49,22 +49,22 @@ end
 
 local function save(st, now)
   if st.tw > 0 or st.tf > 0 then
-    hstore(st.slot, ceil_micros(st.tw, st.tf), now, 't', int(st.tw), 'f', int(st.tf))
+    hstore(st.location, ceil_micros(st.tw, st.tf), now, 't', int(st.tw), 'f', int(st.tf))
   else
-    hclear(st.slot, 't', 'f')
+    hclear(st.location, 't', 'f')
   end
 end
 
 -- args: capacity, quotient, remainder, den, where T = quotient + remainder / den microseconds;
 -- `into`, a state table to fill rather than make a new one (see check in engine.lua)
-function gcra.load(slot, now, capacity, quotient, remainder, den, into)
-  local tw, tf = hload(slot, 't', 'f')
+function gcra.load(location, now, capacity, quotient, remainder, den, into)
+  local tw, tf = hload(location, 't', 'f')
   if tw > 0 or tf > 0 then
-    slot.had = ceil_micros(tw, tf) -- as `save` stored it
+    location.had = ceil_micros(tw, tf) -- as `save` stored it
   end
-  local st = into or {slot = false, capacity = 0, quotient = 0, remainder = 0, den = 1, num = 0,
+  local st = into or {location = false, capacity = 0, quotient = 0, remainder = 0, den = 1, num = 0,
                       tw = 0, tf = 0}
-  st.slot, st.capacity, st.quotient, st.remainder, st.den = slot, capacity, quotient, remainder, den
+  st.location, st.capacity, st.quotient, st.remainder, st.den = location, capacity, quotient, remainder, den
   st.num, st.tw, st.tf = quotient * den + remainder, tw, tf
   if not less(now, 0, st.tw, st.tf) then
     st.tw = 0

@@ -16,7 +16,8 @@
 
 use std::cmp::Ordering;
 
-use super::{Report, Verdict, to_i64};
+use super::{Admission, Algorithm, Report, to_i64};
+use crate::decision::LeaseId;
 use crate::limits::{MAX_EXACT, MAX_FILL_MICROS};
 
 /// A span or instant: `whole + frac / den` microseconds, `0 <= frac < den`.
@@ -109,28 +110,6 @@ impl Gcra {
         [self.quotient, self.remainder, self.den]
     }
 
-    pub fn refresh(&self, s: &mut State, now: i64) {
-        if s.tat <= Micros::whole(now) {
-            s.tat = Micros::ZERO;
-        }
-    }
-
-    pub fn decide(&self, s: &State, now: i64, probe: u64) -> Verdict {
-        let needed = self.add(self.debt(s, now), self.times(probe));
-        let room = self.times(self.capacity);
-        if needed <= room { Verdict::ADMIT } else { Verdict::wait(self.sub(needed, room).ceil()) }
-    }
-
-    pub fn consume(&self, s: &mut State, now: i64, n: u64) {
-        let debt = self.add(self.debt(s, now), self.times(n));
-        s.tat = self.add(debt, Micros::whole(now));
-    }
-
-    pub fn refund(&self, s: &mut State, now: i64, n: u64) {
-        let (debt, back) = (self.debt(s, now), self.times(n));
-        s.tat = if debt > back { self.add(self.sub(debt, back), Micros::whole(now)) } else { Micros::ZERO };
-    }
-
     /// Units short of full: the smallest `k` with `k * T >= debt`, at most `capacity`.
     fn units_owed(&self, debt: Micros) -> u64 {
         if debt > self.times(self.capacity) {
@@ -147,13 +126,51 @@ impl Gcra {
         }
         k
     }
+}
 
-    pub fn report(&self, s: &State, now: i64) -> Report {
+impl Algorithm for Gcra {
+    type State = State;
+    const LUA_NAME: &'static str = "gcra";
+    const LUA_SOURCE: &'static str = include_str!("gcra.lua");
+    const HASH_FIELDS: Option<&'static [&'static str]> = Some(&["t", "f"]);
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn lua_parameters(&self) -> [i64; 4] {
+        let [quotient, remainder, den] = self.interval();
+        [to_i64(self.capacity), quotient, remainder, den]
+    }
+
+    fn refresh(&self, s: &mut State, now: i64) {
+        if s.tat <= Micros::whole(now) {
+            s.tat = Micros::ZERO;
+        }
+    }
+
+    fn decide(&self, s: &State, now: i64, probe: u64) -> Admission {
+        let needed = self.add(self.debt(s, now), self.times(probe));
+        let room = self.times(self.capacity);
+        if needed <= room { Admission::ADMIT } else { Admission::wait(self.sub(needed, room).ceil()) }
+    }
+
+    fn consume(&self, s: &mut State, now: i64, n: u64, _lease: Option<&LeaseId>) {
+        let debt = self.add(self.debt(s, now), self.times(n));
+        s.tat = self.add(debt, Micros::whole(now));
+    }
+
+    fn refund(&self, s: &mut State, now: i64, n: u64) {
+        let (debt, back) = (self.debt(s, now), self.times(n));
+        s.tat = if debt > back { self.add(self.sub(debt, back), Micros::whole(now)) } else { Micros::ZERO };
+    }
+
+    fn report(&self, s: &State, now: i64) -> Report {
         let debt = self.debt(s, now);
         Report { remaining: self.capacity - self.units_owed(debt), reset_after: debt.ceil() }
     }
 
-    pub fn expires_at(&self, s: &State) -> Option<i64> {
+    fn expires_at(&self, s: &State) -> Option<i64> {
         match s.tat.cmp(&Micros::ZERO) {
             Ordering::Greater => Some(s.tat.ceil()),
             _ => None,

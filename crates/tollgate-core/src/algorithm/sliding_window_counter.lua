@@ -37,23 +37,23 @@ end
 local function save(st, now)
   local t = expires_at(st)
   if t then
-    hstore(st.slot, t, now, 's', int(st.start), 'p', int(st.previous), 'c', int(st.current))
+    hstore(st.location, t, now, 's', int(st.start), 'p', int(st.previous), 'c', int(st.current))
   else
-    hclear(st.slot, 's', 'p', 'c')
+    hclear(st.location, 's', 'p', 'c')
   end
 end
 
 -- args: limit, period; `into`, a state table to fill rather than make a new one (see check in
 -- engine.lua)
-function sliding_window_counter.load(slot, now, limit, period, _, _, into)
-  local start, previous, current = hload(slot, 's', 'p', 'c')
+function sliding_window_counter.load(location, now, limit, period, _, _, into)
+  local start, previous, current = hload(location, 's', 'p', 'c')
   if current > 0 then -- as `save` stored it (see expires_at)
-    slot.had = start + 2 * period
+    location.had = start + 2 * period
   elseif previous > 0 then
-    slot.had = start + period
+    location.had = start + period
   end
-  local st = into or {slot = false, limit = 0, period = 0, start = 0, previous = 0, current = 0}
-  st.slot, st.limit, st.period = slot, limit, period
+  local st = into or {location = false, limit = 0, period = 0, start = 0, previous = 0, current = 0}
+  st.location, st.limit, st.period = location, limit, period
   st.start, st.previous, st.current = roll(period, start, previous, current, now)
   return st
 end

@@ -21,8 +21,9 @@
 //! Lua twin: `sliding_window_counter.lua`. Redis state: a hash `{s = window start, p = previous
 //! window's count, c = current window's count}`.
 
-use super::{Report, Verdict, floor_div, to_i64};
+use super::{Admission, Algorithm, Report, floor_div, to_i64};
 use crate::Period;
+use crate::decision::LeaseId;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SlidingWindowCounter {
@@ -54,10 +55,6 @@ impl SlidingWindowCounter {
         }
     }
 
-    pub fn refresh(&self, s: &mut State, now: i64) {
-        *s = self.roll(s, now);
-    }
-
     fn estimate(&self, s: &State, at: i64) -> f64 {
         let weight = (self.period - (at - s.start)) as f64 / self.period as f64;
         s.previous as f64 * weight + s.current as f64
@@ -67,10 +64,29 @@ impl SlidingWindowCounter {
         let rolled = self.roll(s, at);
         self.estimate(&rolled, at) + probe as f64 <= self.limit as f64
     }
+}
 
-    pub fn decide(&self, s: &State, now: i64, probe: u64) -> Verdict {
+impl Algorithm for SlidingWindowCounter {
+    type State = State;
+    const LUA_NAME: &'static str = "sliding_window_counter";
+    const LUA_SOURCE: &'static str = include_str!("sliding_window_counter.lua");
+    const HASH_FIELDS: Option<&'static [&'static str]> = Some(&["s", "p", "c"]);
+
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn lua_parameters(&self) -> [i64; 4] {
+        [to_i64(self.limit), self.period, 0, 0]
+    }
+
+    fn refresh(&self, s: &mut State, now: i64) {
+        *s = self.roll(s, now);
+    }
+
+    fn decide(&self, s: &State, now: i64, probe: u64) -> Admission {
         if self.admits_at(s, now, probe) {
-            return Verdict::ADMIT;
+            return Admission::ADMIT;
         }
         // Solve the estimate for the first admitting instant: within this window while the
         // current count leaves room, else in the next one (where this window's count becomes
@@ -90,27 +106,27 @@ impl SlidingWindowCounter {
             }
             at += 1;
         }
-        Verdict::wait(at - now)
+        Admission::wait(at - now)
     }
 
-    pub fn consume(&self, s: &mut State, n: u64) {
+    fn consume(&self, s: &mut State, _now: i64, n: u64, _lease: Option<&LeaseId>) {
         s.current += n;
     }
 
     /// Gives back `n` units, from the current window first.
-    pub fn refund(&self, s: &mut State, n: u64) {
+    fn refund(&self, s: &mut State, _now: i64, n: u64) {
         let from_current = n.min(s.current);
         s.current -= from_current;
         s.previous = s.previous.saturating_sub(n - from_current);
     }
 
-    pub fn report(&self, s: &State, now: i64) -> Report {
+    fn report(&self, s: &State, now: i64) -> Report {
         let left = (self.limit as f64 - self.estimate(s, now)).floor().max(0.0);
         Report { remaining: left as u64, reset_after: self.expires_at(s).map_or(0, |t| t - now) }
     }
 
     /// The estimate reaches zero when the last window holding units has slid out.
-    pub fn expires_at(&self, s: &State) -> Option<i64> {
+    fn expires_at(&self, s: &State) -> Option<i64> {
         if s.current > 0 {
             Some(s.start + 2 * self.period)
         } else if s.previous > 0 {

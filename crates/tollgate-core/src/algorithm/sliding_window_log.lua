@@ -35,8 +35,8 @@ local function rebase(st)
 end
 
 -- args: limit, period
-function sliding_window_log.load(slot, now, limit, period)
-  local key = slot.key -- a sorted set: always a key of its own
+function sliding_window_log.load(location, now, limit, period)
+  local key = location.key -- a sorted set: always a key of its own
   local st = {key = key, limit = limit, period = period, base = 0, top = 0, newest = false, count = 0}
   local head = redis.call('ZRANGE', key, 0, EXPIRY_BATCH, 'WITHSCORES')
   if #head <= 2 then -- no key, or a base alone (never written so)

@@ -17,8 +17,9 @@
 
 use std::collections::BTreeMap;
 
-use super::{Report, Verdict, to_i64};
+use super::{Admission, Algorithm, Report, to_i64};
 use crate::Period;
+use crate::decision::LeaseId;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SlidingWindowLog {
@@ -38,7 +39,26 @@ impl SlidingWindowLog {
         SlidingWindowLog { limit, period: to_i64(period.as_micros()) }
     }
 
-    pub fn refresh(&self, s: &mut State, now: i64) {
+    fn newest(s: &State) -> Option<i64> {
+        s.units.last_key_value().map(|(&time, _)| time)
+    }
+}
+
+impl Algorithm for SlidingWindowLog {
+    type State = State;
+    const LUA_NAME: &'static str = "sliding_window_log";
+    const LUA_SOURCE: &'static str = include_str!("sliding_window_log.lua");
+    const HASH_FIELDS: Option<&'static [&'static str]> = None;
+
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn lua_parameters(&self) -> [i64; 4] {
+        [to_i64(self.limit), self.period, 0, 0]
+    }
+
+    fn refresh(&self, s: &mut State, now: i64) {
         // Entries at or before `now - period` have left the window.
         while let Some(oldest) = s.units.first_entry() {
             if *oldest.key() > now - self.period {
@@ -48,9 +68,9 @@ impl SlidingWindowLog {
         }
     }
 
-    pub fn decide(&self, s: &State, now: i64, probe: u64) -> Verdict {
+    fn decide(&self, s: &State, now: i64, probe: u64) -> Admission {
         if s.total + probe <= self.limit {
-            return Verdict::ADMIT;
+            return Admission::ADMIT;
         }
         // The cost fits once the oldest `excess` units have left the window.
         let excess = s.total + probe - self.limit;
@@ -58,20 +78,20 @@ impl SlidingWindowLog {
         for (&time, &count) in &s.units {
             seen += count;
             if seen >= excess {
-                return Verdict::wait(time + self.period - now);
+                return Admission::wait(time + self.period - now);
             }
         }
-        Verdict::wait(self.period) // unreachable: probe <= limit, so excess <= total
+        Admission::wait(self.period) // unreachable: probe <= limit, so excess <= total
     }
 
-    pub fn consume(&self, s: &mut State, now: i64, n: u64) {
+    fn consume(&self, s: &mut State, now: i64, n: u64, _lease: Option<&LeaseId>) {
         let at = Self::newest(s).map_or(now, |newest| newest.max(now));
         *s.units.entry(at).or_default() += n;
         s.total += n;
     }
 
     /// Gives back the newest `n` units.
-    pub fn refund(&self, s: &mut State, n: u64) {
+    fn refund(&self, s: &mut State, _now: i64, n: u64) {
         let mut left = n.min(s.total);
         s.total -= left;
         while left > 0 {
@@ -85,18 +105,14 @@ impl SlidingWindowLog {
         }
     }
 
-    fn newest(s: &State) -> Option<i64> {
-        s.units.last_key_value().map(|(&time, _)| time)
-    }
-
-    pub fn report(&self, s: &State, now: i64) -> Report {
+    fn report(&self, s: &State, now: i64) -> Report {
         Report {
             remaining: self.limit.saturating_sub(s.total),
             reset_after: Self::newest(s).map_or(0, |t| t + self.period - now),
         }
     }
 
-    pub fn expires_at(&self, s: &State) -> Option<i64> {
+    fn expires_at(&self, s: &State) -> Option<i64> {
         Self::newest(s).map(|t| t + self.period)
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! `cargo run -q -p tollgate-devtools --bin print_script -- fixed_window gcra > tollgate.lua`
 
-use tollgate_core::algorithm::lua::Variant;
+use tollgate_core::script::Variant;
 use tollgate_core::{Period, Rule, RuleSet};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -1,0 +1,127 @@
+-- Tollgate's Lua twins of the algorithms in crates/tollgate-core/src/algorithm/*.rs, run by
+-- tollgate-redis. A script is a comment giving the argument layout, this prelude, the
+-- algorithms a rule set uses (script.rs registers each in ALGORITHMS under its number), and
+-- engine.lua, which runs the parts of a call.
+--
+-- Numbers are doubles. Every value computed stays below 2^53, where doubles are exact
+-- integers, so these twins compute bit for bit what the Rust ones do. Numbers are turned into
+-- text with string.format('%d') only: Lua's tostring() and '..' keep 14 digits, and a
+-- microsecond timestamp has 16.
+
+-- A key outlives its state by this much: a state's content always says when it is stale, so a
+-- late expiry changes nothing, while an early one would lose state whenever Redis's clock runs
+-- ahead of the `now` the script was given (an explicit `now` in tests).
+local TTL_MARGIN_MS = 1000
+
+-- The algorithms in this script, by number.
+local ALGORITHMS = {}
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- floor(a / b) and the remainder, exact for integers below 2^53 and b > 0: the quotient is
+-- corrected in case the division rounded across an integer.
+local function divmod(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+    r = r + b
+  elseif r >= b then
+    q = q + 1
+    r = r - b
+  end
+  return q, r
+end
+
+local function floor_div(a, b)
+  local q = divmod(a, b)
+  return q
+end
+
+-- Gives `key` a TTL covering its state, which expires at `expires_at` (microseconds).
+local function expire_at(key, expires_at, now)
+  local ms = floor_div(expires_at - now + 999, 1000)
+  if ms < 1 then
+    ms = 1
+  end
+  redis.call('PEXPIRE', key, int(ms + TTL_MARGIN_MS))
+end
+
+-- Whether `now` is Redis's own clock (set by the engine): see hstore.
+local CLOCK_IS_REDIS = false
+
+-- A rule's state location: {key = KEYS[i], prefix = field prefix}. Hash-stored states share
+-- one hash per key, each rule's fields prefixed by its id (prefix = '<id>.'); with prefix = ''
+-- the key is the rule's own. After hload, `had` is the expiry the stored state was written with
+-- (0 when none; each algorithm's load sets it), so that hstore can skip a PEXPIRE that would not
+-- lengthen the key's life.
+--
+-- These helpers take two or three fields rather than a list: a script pays for every table it
+-- makes (allocation and garbage collection cost more than the Redis calls; see "Leaner
+-- scripts" in docs/benchmarks.md), so the hot path makes as few as it can.
+
+-- Returns the location's fields f1, f2 (and f3) as numbers, 0 when absent.
+local function hload(location, f1, f2, f3)
+  local prefix = location.prefix
+  location.had = 0
+  if f3 then
+    local v = redis.call('HMGET', location.key, prefix .. f1, prefix .. f2, prefix .. f3)
+    return tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0
+  end
+  local v = redis.call('HMGET', location.key, prefix .. f1, prefix .. f2)
+  return tonumber(v[1]) or 0, tonumber(v[2]) or 0
+end
+
+-- The latest expiry (microseconds) each key's TTL was set to cover during this call.
+local TTL_COVERS = {}
+
+-- Writes fields f1, f2 (and f3) with values v1, v2 (and v3) and makes the key live at least
+-- until `expires_at`. A shared hash lives as long as its longest-lived state: its TTL only ever
+-- grows (GT), and a key without one gets one (NX). Every key Tollgate writes has a TTL, so when
+-- the state was stored before (`had`) the key has one, and when that was with an expiry at least
+-- as late, it already covers this one and is left alone; only when `now` is Redis's clock,
+-- which TTLs count on (an explicit `now` in tests may run slower than Redis's, see
+-- TTL_MARGIN_MS). The same holds for a TTL written earlier in this call, by another rule of the
+-- key.
+local function hstore(location, expires_at, now, f1, v1, f2, v2, f3, v3)
+  local key, prefix = location.key, location.prefix
+  if f3 then
+    redis.call('HSET', key, prefix .. f1, v1, prefix .. f2, v2, prefix .. f3, v3)
+  else
+    redis.call('HSET', key, prefix .. f1, v1, prefix .. f2, v2)
+  end
+  if prefix == '' then
+    expire_at(key, expires_at, now)
+    return
+  end
+  local covered = TTL_COVERS[key]
+  if (covered and covered >= expires_at) or (CLOCK_IS_REDIS and location.had >= expires_at) then
+    return
+  end
+  local ms = floor_div(expires_at - now + 999, 1000)
+  if ms < 1 then
+    ms = 1
+  end
+  ms = int(ms + TTL_MARGIN_MS)
+  if covered or location.had > 0 or redis.call('PEXPIRE', key, ms, 'NX') == 0 then
+    redis.call('PEXPIRE', key, ms, 'GT')
+  end
+  TTL_COVERS[key] = math.max(covered or 0, expires_at)
+end
+
+-- Forgets the location's state: its key, or its fields f1, f2 (and f3) of the shared hash.
+local function hclear(location, f1, f2, f3)
+  local prefix = location.prefix
+  -- the key may be gone now, and recreated without a TTL by the next store
+  location.had = 0
+  TTL_COVERS[location.key] = nil
+  if prefix == '' then
+    redis.call('DEL', location.key)
+  elseif f3 then
+    redis.call('HDEL', location.key, prefix .. f1, prefix .. f2, prefix .. f3)
+  else
+    redis.call('HDEL', location.key, prefix .. f1, prefix .. f2)
+  end
+end
