@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Algorithm;
+use crate::AlgorithmName;
 
 /// One rule's part of a [`Decision`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,7 +13,7 @@ pub struct RuleOutcome {
     /// The rule's name, if it has one.
     pub name: Option<Arc<str>>,
     /// The rule's algorithm.
-    pub algorithm: Algorithm,
+    pub algorithm: AlgorithmName,
     /// Whether this rule alone would admit the request.
     pub allowed: bool,
     /// The most units the rule admits at once (its `limit`; `capacity` for a token bucket and
@@ -198,7 +198,7 @@ mod tests {
     fn outcome(allowed: bool, remaining: u64, reset: u64, retry: u64) -> RuleOutcome {
         RuleOutcome {
             name: None,
-            algorithm: Algorithm::FixedWindow,
+            algorithm: AlgorithmName::FixedWindow,
             allowed,
             limit: 10,
             remaining,

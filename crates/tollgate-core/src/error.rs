@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Algorithm;
+use crate::AlgorithmName;
 
 /// A boxed error from a backend's client library, kept as the source of [`Error`] variants.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -62,7 +62,7 @@ pub enum RuleError {
         /// Position of the rule.
         index: usize,
         /// `token_bucket` or `gcra`.
-        algorithm: Algorithm,
+        algorithm: AlgorithmName,
         /// Capacity (the burst, for GCRA).
         capacity: u64,
         /// Units per interval.
@@ -130,7 +130,7 @@ pub enum Error {
         /// The rule's name, if it has one.
         name: Option<Arc<str>>,
         /// The rule's algorithm.
-        algorithm: Algorithm,
+        algorithm: AlgorithmName,
         /// The cost asked for.
         cost: u64,
         /// The most the rule ever admits at once.

@@ -63,7 +63,7 @@ pub use memory::{
 pub use operation::{Operation, validate_key};
 pub use period::{Period, PeriodError};
 pub use plan::BatchPlan;
-pub use rule::{Algorithm, Align, Rule, RuleKind};
+pub use rule::{AlgorithmName, Align, Rule, RuleKind};
 pub use ruleset::RuleSet;
 
 /// The README's Rust examples, compiled and run as doc tests so they stay true.

@@ -105,7 +105,7 @@ pub enum Align {
 
 /// The algorithm of a rule, without its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Algorithm {
+pub enum AlgorithmName {
     /// [`RuleKind::FixedWindow`].
     FixedWindow,
     /// [`RuleKind::SlidingWindowLog`].
@@ -120,39 +120,41 @@ pub enum Algorithm {
     Concurrency,
 }
 
-impl Algorithm {
+impl AlgorithmName {
     /// The algorithm's name as written in configuration (`"fixed_window"`, ...).
     pub const fn as_str(self) -> &'static str {
         match self {
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindowLog => "sliding_window_log",
-            Algorithm::SlidingWindowCounter => "sliding_window_counter",
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::Gcra => "gcra",
-            Algorithm::Concurrency => "concurrency",
+            AlgorithmName::FixedWindow => "fixed_window",
+            AlgorithmName::SlidingWindowLog => "sliding_window_log",
+            AlgorithmName::SlidingWindowCounter => "sliding_window_counter",
+            AlgorithmName::TokenBucket => "token_bucket",
+            AlgorithmName::Gcra => "gcra",
+            AlgorithmName::Concurrency => "concurrency",
         }
     }
 }
 
-impl Algorithm {
+impl AlgorithmName {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 6] = [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindowLog,
-        Algorithm::SlidingWindowCounter,
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::Concurrency,
+    pub const ALL: [AlgorithmName; 6] = [
+        AlgorithmName::FixedWindow,
+        AlgorithmName::SlidingWindowLog,
+        AlgorithmName::SlidingWindowCounter,
+        AlgorithmName::TokenBucket,
+        AlgorithmName::Gcra,
+        AlgorithmName::Concurrency,
     ];
 
     /// The parameters a rule of this algorithm takes: required ones, then optional ones.
     pub const fn parameters(self) -> (&'static [&'static str], &'static [&'static str]) {
         match self {
-            Algorithm::FixedWindow => (&["limit", "period"], &["align"]),
-            Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => (&["limit", "period"], &[]),
-            Algorithm::TokenBucket => (&["capacity", "refill", "per"], &[]),
-            Algorithm::Gcra => (&["limit", "period", "burst"], &[]),
-            Algorithm::Concurrency => (&["limit", "lease"], &[]),
+            AlgorithmName::FixedWindow => (&["limit", "period"], &["align"]),
+            AlgorithmName::SlidingWindowLog | AlgorithmName::SlidingWindowCounter => {
+                (&["limit", "period"], &[])
+            }
+            AlgorithmName::TokenBucket => (&["capacity", "refill", "per"], &[]),
+            AlgorithmName::Gcra => (&["limit", "period", "burst"], &[]),
+            AlgorithmName::Concurrency => (&["limit", "lease"], &[]),
         }
     }
 }
@@ -160,11 +162,11 @@ impl Algorithm {
 const ALGORITHM_NAMES: &[&str] =
     &["fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "gcra", "concurrency"];
 
-impl std::str::FromStr for Algorithm {
+impl std::str::FromStr for AlgorithmName {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        Algorithm::ALL
+        AlgorithmName::ALL
             .into_iter()
             .find(|a| a.as_str() == s)
             .ok_or_else(|| format!("unknown algorithm `{s}`, expected one of {}", ALGORITHM_NAMES.join(", ")))
@@ -172,15 +174,15 @@ impl std::str::FromStr for Algorithm {
 }
 
 // Only a name: serde's derived enums would also take a number as the variant's position.
-impl<'de> Deserialize<'de> for Algorithm {
+impl<'de> Deserialize<'de> for AlgorithmName {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Visitor;
         impl serde::de::Visitor<'_> for Visitor {
-            type Value = Algorithm;
+            type Value = AlgorithmName;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 write!(f, "an algorithm name: {}", ALGORITHM_NAMES.join(", "))
             }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Algorithm, E> {
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<AlgorithmName, E> {
                 v.parse().map_err(|_| E::unknown_variant(v, ALGORITHM_NAMES))
             }
         }
@@ -196,7 +198,7 @@ impl<'de> Deserialize<'de> for Algorithm {
 struct RawRule {
     #[serde(default)]
     name: Option<String>,
-    algorithm: Algorithm,
+    algorithm: AlgorithmName,
     limit: Option<u64>,
     period: Option<Period>,
     align: Option<Align>,
@@ -235,34 +237,36 @@ impl TryFrom<RawRule> for Rule {
         }
         let (limit, period, per, lease) = (raw.limit.unwrap_or(0), raw.period, raw.per, raw.lease);
         let kind = match algorithm {
-            Algorithm::FixedWindow => RuleKind::FixedWindow {
+            AlgorithmName::FixedWindow => RuleKind::FixedWindow {
                 limit,
                 period: period.unwrap_or(Period::SECOND),
                 align: raw.align.unwrap_or_default(),
             },
-            Algorithm::SlidingWindowLog => {
+            AlgorithmName::SlidingWindowLog => {
                 RuleKind::SlidingWindowLog { limit, period: period.unwrap_or(Period::SECOND) }
             }
-            Algorithm::SlidingWindowCounter => {
+            AlgorithmName::SlidingWindowCounter => {
                 RuleKind::SlidingWindowCounter { limit, period: period.unwrap_or(Period::SECOND) }
             }
-            Algorithm::TokenBucket => RuleKind::TokenBucket {
+            AlgorithmName::TokenBucket => RuleKind::TokenBucket {
                 capacity: raw.capacity.unwrap_or(0),
                 refill: raw.refill.unwrap_or(0),
                 per: per.unwrap_or(Period::SECOND),
             },
-            Algorithm::Gcra => RuleKind::Gcra {
+            AlgorithmName::Gcra => RuleKind::Gcra {
                 limit,
                 period: period.unwrap_or(Period::SECOND),
                 burst: raw.burst.unwrap_or(0),
             },
-            Algorithm::Concurrency => RuleKind::Concurrency { limit, lease: lease.unwrap_or(Period::SECOND) },
+            AlgorithmName::Concurrency => {
+                RuleKind::Concurrency { limit, lease: lease.unwrap_or(Period::SECOND) }
+            }
         };
         Ok(Rule { name: raw.name, kind })
     }
 }
 
-impl fmt::Display for Algorithm {
+impl fmt::Display for AlgorithmName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -270,14 +274,14 @@ impl fmt::Display for Algorithm {
 
 impl RuleKind {
     /// The algorithm of this rule.
-    pub const fn algorithm(&self) -> Algorithm {
+    pub const fn algorithm(&self) -> AlgorithmName {
         match self {
-            RuleKind::FixedWindow { .. } => Algorithm::FixedWindow,
-            RuleKind::SlidingWindowLog { .. } => Algorithm::SlidingWindowLog,
-            RuleKind::SlidingWindowCounter { .. } => Algorithm::SlidingWindowCounter,
-            RuleKind::TokenBucket { .. } => Algorithm::TokenBucket,
-            RuleKind::Gcra { .. } => Algorithm::Gcra,
-            RuleKind::Concurrency { .. } => Algorithm::Concurrency,
+            RuleKind::FixedWindow { .. } => AlgorithmName::FixedWindow,
+            RuleKind::SlidingWindowLog { .. } => AlgorithmName::SlidingWindowLog,
+            RuleKind::SlidingWindowCounter { .. } => AlgorithmName::SlidingWindowCounter,
+            RuleKind::TokenBucket { .. } => AlgorithmName::TokenBucket,
+            RuleKind::Gcra { .. } => AlgorithmName::Gcra,
+            RuleKind::Concurrency { .. } => AlgorithmName::Concurrency,
         }
     }
 }
@@ -329,7 +333,7 @@ impl Rule {
     }
 
     /// The rule's algorithm.
-    pub const fn algorithm(&self) -> Algorithm {
+    pub const fn algorithm(&self) -> AlgorithmName {
         self.kind.algorithm()
     }
 }

@@ -499,7 +499,7 @@ pub async fn batch_sums_shared_states_and_orders_groups(h: &Harness<impl Backend
 pub async fn batch_matches_single_checks(h: &Harness<impl Backend>) {
     let sets: Vec<RuleSet> = one_of_each(3, period("1s"))
         .into_iter()
-        .filter(|r| r.algorithm() != tollgate_core::Algorithm::Concurrency)
+        .filter(|r| r.algorithm() != tollgate_core::AlgorithmName::Concurrency)
         .map(|r| set([r]))
         .collect();
     let batched: Vec<String> = sets.iter().map(|_| h.key("batched")).collect();
