@@ -13,12 +13,23 @@ use std::collections::HashMap;
 use smallvec::SmallVec;
 
 use crate::decision::LeaseId;
-use crate::limits::MAX_BATCH_PARTS;
+use crate::limits::{MAX_BATCH_PARTS, MAX_RULES};
 use crate::ruleset::CompiledRule;
 use crate::{Error, Operation, Part, RuleSet};
 
 /// Beyond this many states, a plan finds a state by hash rather than by scanning.
 const SCAN_STATES: usize = 16;
+
+/// State indices `0..n`: the uses of a lone operation's rules, which are all distinct.
+static IDENTITY: [u16; MAX_RULES] = {
+    let mut out = [0; MAX_RULES];
+    let mut i = 0;
+    while i < MAX_RULES {
+        out[i] = i as u16;
+        i += 1;
+    }
+    out
+};
 
 /// One state a group works on: a key under a rule, and what the group asks of it.
 #[derive(Clone, Copy, Debug)]
@@ -57,9 +68,10 @@ pub(crate) struct OverCapacity {
 /// rule the index of its state. Built in one pass over the parts' rules.
 #[derive(Clone, Debug)]
 pub(crate) struct GroupPlan<'a> {
-    parts: SmallVec<[PlannedPart<'a>; 4]>,
-    states: SmallVec<[PlannedState<'a>; 8]>,
-    /// Each part's rules' state indices, part after part.
+    parts: SmallVec<[PlannedPart<'a>; 1]>,
+    states: SmallVec<[PlannedState<'a>; 4]>,
+    /// Each part's rules' state indices, part after part; empty in the plan of a lone
+    /// operation, whose rules are states `0..n` ([`IDENTITY`]).
     uses: SmallVec<[u16; 8]>,
     over: Option<OverCapacity>,
 }
@@ -76,13 +88,14 @@ impl<'a> GroupPlan<'a> {
     /// The plan of a lone operation: each rule its own state (a rule set has no two alike).
     pub fn single(key: &'a str, rules: &'a RuleSet, op: Operation<'a>) -> Self {
         let (demand, lease) = cost_and_lease(&op);
-        let compiled = rules.compiled();
-        GroupPlan {
-            parts: smallvec::smallvec![PlannedPart { rules, op, start: 0 }],
-            states: compiled.iter().map(|rule| PlannedState { key, rule, demand, lease }).collect(),
-            uses: (0..compiled.len() as u16).collect(),
-            over: None,
+        let mut plan =
+            GroupPlan { parts: SmallVec::new(), states: SmallVec::new(), uses: SmallVec::new(), over: None };
+        plan.parts.push(PlannedPart { rules, op, start: 0 });
+        // Pushed one by one: cheaper than collecting, on the path of every lone operation.
+        for rule in rules.compiled() {
+            plan.states.push(PlannedState { key, rule, demand, lease });
         }
+        plan
     }
 
     /// The plan of a group of `(key, rules, operation)` parts, in order.
@@ -145,6 +158,9 @@ impl<'a> GroupPlan<'a> {
 
     /// The state index of each of part `part`'s rules, in its rule set's order.
     pub fn uses(&self, part: usize) -> &[u16] {
+        if self.uses.is_empty() {
+            return &IDENTITY[..self.states.len()];
+        }
         let start = self.parts[part].start;
         let end = self.parts.get(part + 1).map_or(self.uses.len(), |next| next.start);
         &self.uses[start..end]
