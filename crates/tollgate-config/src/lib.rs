@@ -32,11 +32,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tollgate_limiter::{LimiterSettings, Policy};
+use tollgate_limiter::{LimiterSettings, Policy, SixPeriods};
 
-pub use spec::{
-    MAX_WAIT_LIMIT, PERIODS, PolicySpec, SixPeriods, SpecError, Strategy, rule_error_field, valid_policy_name,
-};
+pub use spec::{MAX_WAIT_LIMIT, PolicySpec, SpecError, Strategy, rule_error_field, valid_policy_name};
 pub use watch::{Watcher, watch, watch_path};
 
 /// The example configuration shipped at the repository's root, used when no file is given.

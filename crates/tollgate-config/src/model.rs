@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use tollgate_core::{Period, Rule};
-use tollgate_limiter::{FailurePolicy, LimiterSettings, Mode, Policy};
+use tollgate_limiter::{FailurePolicy, LimiterSettings, Mode, Policy, SixPeriods};
 use toml::Spanned;
 
-use crate::spec::{PolicySpec, SixPeriods, Strategy};
+use crate::spec::{PolicySpec, Strategy};
 use crate::{
     BackendKind, BackendSettings, Config, ConfigError, ConnectionSettings, ConsumerSettings, MemorySettings,
     Policies, ResetHeader, ServerSettings,
@@ -233,9 +233,7 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         let span = section.span();
         let section = section.into_inner();
         if let Some(defaults) = section.defaults {
-            defaults
-                .validate()
-                .map_err(|e| err(span.clone(), format!("consumers.defaults.{}", e.message)))?;
+            defaults.validate().map_err(|e| err(span.clone(), format!("consumers.defaults.{e}")))?;
             consumers.defaults = defaults;
         }
         if let Some(per_hour) = section.anonymous_per_hour {

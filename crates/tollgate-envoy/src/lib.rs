@@ -11,10 +11,7 @@ mod service;
 
 pub use config::{Domain, EnvoyConfigError};
 pub use server::EnvoyServer;
-pub use service::{
-    EnvoyService, HASHED_KEY_PREFIX, KEY_PREFIX, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT_BYTES,
-    names as metrics,
-};
+pub use service::{EnvoyService, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT_BYTES, names as metrics};
 
 /// Loads every `*.yaml` / `*.yml` file of `path` (a file, or a directory as upstream's
 /// `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config`), one domain each.

@@ -348,19 +348,9 @@ fn rules_field(policy: &Option<String>) -> &'static str {
     if policy.is_some() { "policy" } else { "limits" }
 }
 
-/// Key prefixes that Tollgate's own checks count under: consumers and anonymous callers
-/// (consumers.rs) and Envoy descriptors (tollgate-envoy's service). A caller's key may not start
-/// with one, so that no decision request can spend or reset those counts.
-const RESERVED_KEY_PREFIXES: [&str; 4] = [
-    crate::consumers::CONSUMER_KEY_PREFIX,
-    crate::consumers::ANONYMOUS_KEY_PREFIX,
-    tollgate_envoy::KEY_PREFIX,
-    tollgate_envoy::HASHED_KEY_PREFIX,
-];
-
 /// Refuses a caller's key in one of Tollgate's own namespaces.
 fn caller_key(key: &str) -> Result<&str, Problem> {
-    match RESERVED_KEY_PREFIXES.iter().find(|prefix| key.starts_with(**prefix)) {
+    match tollgate_limiter::keyspace::reserved_prefix(key) {
         Some(prefix) => Err(Problem::invalid(
             "key",
             format!(

@@ -13,8 +13,9 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tollgate_core::{Period, Rule, RuleSet};
-use tollgate_limiter::{Policy, Verdict};
-use tollgate_store::{PERIODS, aggregate, validate_consumer_id};
+use tollgate_limiter::keyspace::{anonymous_key, consumer_key};
+use tollgate_limiter::{PERIODS, Policy, Verdict};
+use tollgate_store::{aggregate, validate_consumer_id};
 
 use crate::admin::AsViewer;
 use crate::api::{DecisionBody, limit_problem, respond};
@@ -140,12 +141,8 @@ pub(crate) async fn check_consumer(
         };
         return Ok(Json(body).into_response());
     };
-    decide(state, &format!("{CONSUMER_KEY_PREFIX}{consumer}"), &policy, cost, "for this consumer").await
+    decide(state, &consumer_key(consumer), &policy, cost, "for this consumer").await
 }
-
-/// A consumer's state key is this and its id; an anonymous caller's, the other and its address.
-pub(crate) const CONSUMER_KEY_PREFIX: &str = "consumer:";
-pub(crate) const ANONYMOUS_KEY_PREFIX: &str = "anonymous:";
 
 /// `POST /v1/check {"anonymous_ip": ...}`.
 pub(crate) async fn check_anonymous(state: &AppState, ip: &str, cost: u64) -> Result<Response, Problem> {
@@ -155,7 +152,7 @@ pub(crate) async fn check_anonymous(state: &AppState, ip: &str, cost: u64) -> Re
     let per_hour = state.config().consumers.anonymous_per_hour;
     let hourly = [None, None, Some(per_hour), None, None, None];
     let policy = consumer_policy(ANONYMOUS_POLICY, hourly).ok_or_else(Problem::internal)?;
-    decide(state, &format!("{ANONYMOUS_KEY_PREFIX}{ip}"), &policy, cost, "from an anonymous caller").await
+    decide(state, &anonymous_key(ip), &policy, cost, "from an anonymous caller").await
 }
 
 /// One period's live state.
@@ -203,7 +200,7 @@ pub async fn call_limits(
     if let Some(policy) = consumer_policy(CONSUMER_POLICY, limits) {
         let verdict = state
             .limiter
-            .peek(&format!("{CONSUMER_KEY_PREFIX}{consumer}"), &policy.rules)
+            .peek(&consumer_key(&consumer), &policy.rules)
             .await
             .map_err(|e| limit_problem(e, "consumer"))?;
         body.degraded = verdict.degraded;

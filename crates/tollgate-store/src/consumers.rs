@@ -5,8 +5,8 @@
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use sqlx::any::AnyRow;
-use tollgate_config::SixPeriods;
 use tollgate_core::limits::MAX_COUNT;
+use tollgate_limiter::SixPeriods;
 
 use crate::audit::{AuditScope, Change, ItemKind};
 use crate::scope::Actor;
@@ -119,7 +119,9 @@ impl ConsumerLimitInput {
 
     /// Validates; the active window in epoch milliseconds.
     fn validate(&self) -> Result<(Option<i64>, Option<i64>), StoreError> {
-        self.limits().validate().map_err(|e| StoreError::Invalid { field: e.field, message: e.message })?;
+        self.limits()
+            .validate()
+            .map_err(|e| StoreError::Invalid { field: e.field.into(), message: e.to_string() })?;
         if let Some(scope) = &self.scope {
             validate_consumer_id("scope", scope)?;
         }

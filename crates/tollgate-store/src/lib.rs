@@ -21,7 +21,6 @@ pub use consumers::{ConsumerLimit, ConsumerLimitInput, MAX_CONSUMER_BYTES, aggre
 pub use policies::{PolicyInput, PolicyRecord};
 pub use scope::Actor;
 pub use tokens::{Role, TokenRecord};
-pub use tollgate_config::{PERIODS, SixPeriods};
 
 /// Most items one list call returns.
 pub const MAX_PAGE: u32 = 200;

@@ -9,9 +9,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, header};
-use sha2::{Digest, Sha256};
 use tollgate_config::ResetHeader;
-use tollgate_core::limits::MAX_KEY_BYTES;
+use tollgate_limiter::keyspace::policy_key;
 use tollgate_limiter::{LimitError, Limiter, Policy, Verdict};
 
 use crate::headers::{ceil_secs, rate_limit_headers};
@@ -267,18 +266,6 @@ fn is_preflight<B>(req: &Request<B>) -> bool {
     req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
 }
 
-/// The limiter's key: the policy's name scopes it, so two routes limit separately even with
-/// equal rules; hashed when it would be too long.
-fn limiter_key(policy: &str, key: &str) -> String {
-    let full = format!("{policy}:{key}");
-    if full.len() <= MAX_KEY_BYTES {
-        return full;
-    }
-    let digest = Sha256::digest(full.as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{policy}:sha256:{hex}")
-}
-
 /// `req`'s path replaced by `path`, its query kept.
 fn set_path<B>(req: &mut Request<B>, path: &str) -> Result<(), http::Error> {
     let path_and_query = match req.uri().query() {
@@ -357,7 +344,7 @@ impl Shared {
                 );
             }
         };
-        let verdict = match self.limiter.check(&limiter_key(&policy.name, &key), policy, 1).await {
+        let verdict = match self.limiter.check(&policy_key(&policy.name, &key), policy, 1).await {
             Ok(v) => v,
             Err(LimitError::Unavailable(e)) => {
                 let mut headers = HeaderMap::new();
