@@ -8,13 +8,14 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use tollgate_core::{Period, Rule};
+use tollgate_http::ResetHeader;
 use tollgate_limiter::{FailurePolicy, LimiterSettings, Mode, Policy, SixPeriods};
 use toml::Spanned;
 
 use crate::spec::{PolicySpec, Strategy};
 use crate::{
     BackendKind, BackendSettings, Config, ConfigError, ConnectionSettings, ConsumerSettings, MemorySettings,
-    Policies, ResetHeader, ServerSettings,
+    Policies, ServerSettings,
 };
 
 #[derive(Deserialize, Default)]

@@ -2,7 +2,8 @@
 //! that Envoy, Istio, Envoy Gateway, Contour and Emissary call, configured by
 //! envoyproxy/ratelimit's YAML files, plus Tollgate's extensions (any engine algorithm, windows
 //! like 30 s, several limits per descriptor). Decides through a [`tollgate_limiter::Limiter`],
-//! so the backend, failure policy and metrics are the HTTP API's.
+//! so the backend, failure policy and metrics are the HTTP API's. [`json::router`] serves the
+//! same service as upstream's `POST /json`.
 
 pub mod config;
 pub mod json;

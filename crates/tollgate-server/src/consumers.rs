@@ -17,16 +17,12 @@ use tollgate_limiter::keyspace::{anonymous_key, consumer_key};
 use tollgate_limiter::{PERIODS, Policy, Verdict};
 use tollgate_store::{aggregate, validate_consumer_id};
 
-use crate::admin::AsViewer;
-use crate::api::{DecisionBody, limit_problem, respond};
-use crate::headers::ceil_secs;
-use crate::problem::{Path, Problem};
+use crate::auth::AsViewer;
+use crate::decision::{ANONYMOUS_POLICY, CONSUMER_POLICY, DecisionBody, limit_problem, respond};
 use crate::state::AppState;
-
-/// The policy name consumer checks are reported (and labelled in metrics) under.
-pub const CONSUMER_POLICY: &str = "consumer";
-/// The policy name anonymous checks are reported under.
-pub const ANONYMOUS_POLICY: &str = "anonymous";
+use tollgate_http::Problem;
+use tollgate_http::extract::Path;
+use tollgate_http::headers::ceil_secs;
 
 fn now_ms() -> i64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -114,7 +110,7 @@ async fn decide(
     state.live.record(&policy.name, key, cost, &verdict);
     let mut body = DecisionBody::new(policy, &verdict, None);
     body.message = denial_message(policy, &verdict, whom);
-    Ok(respond(state, policy, &verdict, body))
+    Ok(respond(state.config().server.reset_header, policy, &verdict, body))
 }
 
 /// `POST /v1/check {"consumer": ...}`.

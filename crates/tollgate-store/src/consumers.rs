@@ -8,7 +8,7 @@ use sqlx::any::AnyRow;
 use tollgate_core::limits::MAX_COUNT;
 use tollgate_limiter::SixPeriods;
 
-use crate::audit::{AuditScope, Change, ItemKind};
+use crate::audit::{Action, AuditScope, Change, ItemKind};
 use crate::scope::Actor;
 use crate::{Store, StoreError, now_ms};
 
@@ -299,7 +299,7 @@ impl Store {
         let after = crate::audit::snapshot(&record);
         let change = Change {
             actor: actor.name(),
-            action: "create",
+            action: Action::Create,
             kind: ItemKind::ConsumerLimit,
             subject: consumer_id,
             before: None,
@@ -360,7 +360,7 @@ impl Store {
         .await?;
         let change = Change {
             actor: actor.name(),
-            action: "update",
+            action: Action::Update,
             kind: ItemKind::ConsumerLimit,
             subject: consumer_id,
             before: crate::audit::snapshot(&before),
@@ -386,7 +386,7 @@ impl Store {
         sqlx::query("DELETE FROM consumer_limits WHERE id = $1").bind(id).execute(&mut *tx).await?;
         let change = Change {
             actor: actor.name(),
-            action: "delete",
+            action: Action::Delete,
             kind: ItemKind::ConsumerLimit,
             subject: consumer_id,
             before: crate::audit::snapshot(&before),

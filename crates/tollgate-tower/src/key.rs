@@ -150,8 +150,14 @@ pub struct TrustedProxies {
 
 /// A trusted-proxy entry that is neither an address nor a CIDR block.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not an IP address or a CIDR block such as 10.0.0.0/8")]
-pub struct CidrError(pub String);
+#[error("{input:?} is not an IP address or a CIDR block such as 10.0.0.0/8")]
+pub struct CidrError {
+    /// The text given.
+    pub input: String,
+    /// Why it is not a CIDR block.
+    #[source]
+    pub reason: std::net::AddrParseError,
+}
 
 impl TrustedProxies {
     /// Proxies in `nets`, writing `X-Forwarded-For`.
@@ -171,7 +177,7 @@ impl TrustedProxies {
                 let s = s.as_ref().trim();
                 s.parse::<IpNet>()
                     .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
-                    .map_err(|_| CidrError(s.to_owned()))
+                    .map_err(|reason| CidrError { input: s.to_owned(), reason })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self::new(nets))
