@@ -17,7 +17,7 @@ use tollgate_config::Config;
 use tollgate_core::MemoryBackend;
 use tollgate_envoy::{Domain, EnvoyService};
 use tollgate_limiter::Limiter;
-use tollgate_server::{AppState, router};
+use tollgate_server::{AppState, router_with};
 use tower::ServiceExt as _;
 
 const ENVOY: &str = r#"
@@ -69,7 +69,7 @@ fuzz_target!(|data: &[u8]| {
     let config = CONFIG.clone();
     let limiter = Limiter::new(Arc::new(MemoryBackend::new()), "memory", config.limiter_settings());
     let envoy = EnvoyService::new(limiter.clone(), vec![DOMAIN.clone()]);
-    let app = router(AppState::new(limiter, config).with_envoy(envoy));
+    let app = router_with(AppState::new(limiter, config), tollgate_envoy::json::router(envoy));
     let request = Request::post(path)
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body.to_vec()))

@@ -33,13 +33,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tollgate_limiter::{LimiterSettings, Policy};
+use tollgate_http::ResetHeader;
+use tollgate_limiter::{LimiterSettings, Policy, SixPeriods};
 
 pub use redis_url::{NotARedisUrl, RedisTopology};
-pub use spec::{
-    MAX_WAIT_LIMIT, OnLimitKind, PERIODS, PolicySpec, SixPeriods, SpecError, rule_error_field,
-    valid_policy_name,
-};
+pub use spec::{MAX_WAIT_LIMIT, OnLimitKind, PolicySpec, SpecError, rule_error_field, valid_policy_name};
 pub use watch::{Watcher, watch, watch_path};
 
 /// The example configuration shipped at the repository's root, used when no file is given.
@@ -76,17 +74,6 @@ impl Default for ConsumerSettings {
     fn default() -> Self {
         ConsumerSettings { defaults: SixPeriods::UNLIMITED, anonymous_per_hour: 1000 }
     }
-}
-
-/// How `X-RateLimit-Reset` is written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ResetHeader {
-    /// Seconds until the reset, rounded up (the IETF drafts' meaning).
-    #[default]
-    Delta,
-    /// The reset as Unix epoch seconds (GitHub's meaning).
-    Epoch,
 }
 
 /// The `[server]` section.
@@ -202,6 +189,16 @@ pub enum BackendKind {
     Memory,
     /// In Redis, shared by every instance.
     Redis,
+}
+
+impl BackendKind {
+    /// The name in the file (`memory`, `redis`), also the limiter's `backend` metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Memory => "memory",
+            BackendKind::Redis => "redis",
+        }
+    }
 }
 
 /// The `[backend]` section.

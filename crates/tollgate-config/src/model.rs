@@ -8,14 +8,15 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use tollgate_core::{Period, Rule};
-use tollgate_limiter::{FailurePolicy, LimiterSettings, Mode, Policy};
+use tollgate_http::ResetHeader;
+use tollgate_limiter::{FailurePolicy, LimiterSettings, Mode, Policy, SixPeriods};
 use toml::Spanned;
 
 use crate::redis_url::RedisTopology;
-use crate::spec::{OnLimitKind, PolicySpec, SixPeriods};
+use crate::spec::{OnLimitKind, PolicySpec};
 use crate::{
     BackendKind, BackendSettings, Config, ConfigError, ConnectionSettings, ConsumerSettings, MemorySettings,
-    Policies, ResetHeader, ServerSettings,
+    Policies, ServerSettings,
 };
 
 #[derive(Deserialize, Default)]
@@ -303,9 +304,7 @@ fn consumer_settings(section: Spanned<ConsumersSection>) -> Result<ConsumerSetti
     let section = section.into_inner();
     let mut consumers = ConsumerSettings::default();
     if let Some(defaults) = section.defaults {
-        defaults
-            .validate()
-            .map_err(|e| Mistake::at(span.clone(), format!("consumers.defaults.{}", e.message)))?;
+        defaults.validate().map_err(|e| Mistake::at(span.clone(), format!("consumers.defaults.{e}")))?;
         consumers.defaults = defaults;
     }
     if let Some(per_hour) = section.anonymous_per_hour {

@@ -1,6 +1,14 @@
 //! The JSON form of `ShouldRateLimit`, as upstream's `POST /json` speaks it (protobuf's JSON
 //! mapping: camelCase fields, enums by name, durations as `"12.5s"`; snake_case field names are
-//! accepted too).
+//! accepted too), and the [`router`] that serves it over HTTP beside the decision API.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use tollgate_http::Problem;
+use tollgate_http::extract::ApiJson;
+use tonic::Code as GrpcCode;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
@@ -12,6 +20,29 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde::{Deserialize, Serialize};
+
+use crate::EnvoyService;
+
+/// `POST /json` answered by `service`: 200 when every descriptor is OK, 429 when one is over its
+/// limit, and problems as the decision API gives them (the binary merges this router into the
+/// server's, under its body limit and fallbacks).
+pub fn router(service: EnvoyService) -> axum::Router {
+    axum::Router::new().route("/json", axum::routing::post(answer)).with_state(service)
+}
+
+async fn answer(
+    State(envoy): State<EnvoyService>,
+    ApiJson(req): ApiJson<JsonRequest>,
+) -> Result<Response, Problem> {
+    let answer = envoy.decide(req.into()).await.map_err(|status| match status.code() {
+        GrpcCode::InvalidArgument => Problem::invalid("descriptors", status.message().to_owned()),
+        GrpcCode::Unavailable => Problem::unavailable(status.message().to_owned()),
+        _ => Problem::internal(),
+    })?;
+    let body = JsonResponse::from(answer);
+    let code = if body.overall_code == "OVER_LIMIT" { StatusCode::TOO_MANY_REQUESTS } else { StatusCode::OK };
+    Ok((code, Json(body)).into_response())
+}
 
 /// A request entry.
 #[derive(Debug, Deserialize)]

@@ -2,7 +2,8 @@
 //! that Envoy, Istio, Envoy Gateway, Contour and Emissary call, configured by
 //! envoyproxy/ratelimit's YAML files, plus Tollgate's extensions (any engine algorithm, windows
 //! like 30 s, several limits per descriptor). Decides through a [`tollgate_limiter::Limiter`],
-//! so the backend, failure policy and metrics are the HTTP API's.
+//! so the backend, failure policy and metrics are the HTTP API's. [`json::router`] serves the
+//! same service as upstream's `POST /json`.
 
 pub mod config;
 pub mod json;
@@ -11,10 +12,7 @@ mod service;
 
 pub use config::{Domain, EnvoyConfigError};
 pub use server::EnvoyServer;
-pub use service::{
-    EnvoyService, HASHED_KEY_PREFIX, KEY_PREFIX, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT_BYTES,
-    names as metrics,
-};
+pub use service::{EnvoyService, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT_BYTES, names as metrics};
 
 /// Loads every `*.yaml` / `*.yml` file of `path` (a file, or a directory as upstream's
 /// `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config`), one domain each.

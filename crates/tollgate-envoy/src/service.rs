@@ -12,6 +12,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_core::{Decision, Error as CoreError, Rule, RuleSet};
+use tollgate_limiter::keyspace::envoy_key;
 use tollgate_limiter::{Check, JointVerdict, LimitError, Limiter, Mode, Policy, Verdict};
 use tonic::{Request, Response, Status};
 
@@ -51,36 +52,6 @@ impl std::fmt::Debug for EnvoyService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EnvoyService").finish_non_exhaustive()
     }
-}
-
-/// A descriptor's counting key: `k=v` pairs joined by `|`, with `%`, `|` and `=`
-/// percent-encoded so no two descriptors share a key. One longer than the engine's key bound
-/// (descriptors may hold 16 entries of 256-byte values) is replaced by its SHA-256.
-fn key_of(domain: &str, entries: &[(String, String)]) -> String {
-    use sha2::{Digest, Sha256};
-    let key = readable_key(domain, entries);
-    if key.len() <= tollgate_core::limits::MAX_KEY_BYTES {
-        key
-    } else {
-        format!("{HASHED_KEY_PREFIX}{:x}", Sha256::digest(key.as_bytes()))
-    }
-}
-
-/// Every descriptor's engine key starts with this (`envoy:<domain>|key=value|...`).
-pub const KEY_PREFIX: &str = "envoy:";
-/// ... or, when that is too long, with this and the SHA-256 of it.
-pub const HASHED_KEY_PREFIX: &str = "envoy#";
-
-fn readable_key(domain: &str, entries: &[(String, String)]) -> String {
-    let escape = |s: &str| s.replace('%', "%25").replace('|', "%7C").replace('=', "%3D");
-    let mut key = format!("{KEY_PREFIX}{}", escape(domain));
-    for (k, v) in entries {
-        key.push('|');
-        key.push_str(&escape(k));
-        key.push('=');
-        key.push_str(&escape(v));
-    }
-    key
 }
 
 fn invalid(message: impl Into<String>) -> Status {
@@ -260,7 +231,7 @@ impl<'a> Item<'a> {
         Ok(Some(Item {
             planned: p,
             labels: [("domain", domain.to_owned()), ("descriptor", label)],
-            key: key_of(domain, &p.entries),
+            key: envoy_key(domain, &p.entries),
             policy: Policy::enforce(domain, set).with_mode(mode),
             limited: p.limits.iter().filter(|l| l.rule.is_some()).collect(),
             impossible: false,
@@ -390,8 +361,8 @@ mod tests {
 
     #[test]
     fn keys_cannot_collide_through_separators() {
-        let a = key_of("d", &[("k".into(), "a|x=b".into())]);
-        let b = key_of("d", &[("k".into(), "a".into()), ("x".into(), "b".into())]);
+        let a = envoy_key("d", &[("k".into(), "a|x=b".into())]);
+        let b = envoy_key("d", &[("k".into(), "a".into()), ("x".into(), "b".into())]);
         assert_ne!(a, b);
         assert_eq!(b, "envoy:d|k=a|x=b");
     }
@@ -399,10 +370,10 @@ mod tests {
     #[test]
     fn long_keys_are_hashed_within_the_bound() {
         let entries: Vec<(String, String)> = (0..16).map(|i| (format!("k{i}"), "v".repeat(256))).collect();
-        let key = key_of("d", &entries);
+        let key = envoy_key("d", &entries);
         assert!(key.len() <= tollgate_core::limits::MAX_KEY_BYTES && key.starts_with("envoy#"), "{key}");
         let mut other = entries.clone();
         other[15].1.push('!');
-        assert_ne!(key, key_of("d", &other));
+        assert_ne!(key, envoy_key("d", &other));
     }
 }

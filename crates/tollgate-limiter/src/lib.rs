@@ -2,6 +2,8 @@
 //! backend fails (admit, refuse, or decide locally), a circuit breaker so a dead backend is not
 //! paid for on every request, the `delay` strategy that holds a request until it fits, and
 //! shadow mode. Knows nothing of HTTP or of Redis: it drives any [`tollgate_core::Backend`].
+//! Also the policy vocabulary every front end shares: consumer limits ([`SixPeriods`]) and the
+//! [`keyspace`] of Tollgate's own keys.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -22,10 +24,11 @@
 //! ```
 
 mod breaker;
+pub mod keyspace;
 mod limiter;
 pub mod metrics;
 mod policy;
 
 pub use breaker::BreakerState;
 pub use limiter::{Check, FailurePolicy, JointVerdict, LimitError, Limiter, LimiterSettings, Verdict};
-pub use policy::{Mode, OnLimit, Policy};
+pub use policy::{Mode, OnLimit, PERIODS, PeriodLimitError, Policy, SixPeriods};

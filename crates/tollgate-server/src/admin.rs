@@ -2,132 +2,22 @@
 //! database, behind bearer tokens with a role (viewer < editor < admin) and optional apps.
 
 use axum::Json;
-use axum::extract::{FromRequestParts, State};
-use axum::http::request::Parts;
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tollgate_config::PolicySpec;
 use tollgate_store::{
-    ConsumerLimit, ConsumerLimitInput, Page, PolicyInput, PolicyRecord, Role, Store, StoreError, TokenRecord,
+    ConsumerLimit, ConsumerLimitInput, Page, PolicyInput, PolicyRecord, Role, StoreError, TokenRecord,
 };
 
-use crate::problem::{ApiJson, Path, Problem, Query, UniqueObject};
+use crate::auth::{AsAdmin, AsEditor, AsViewer, store_problem};
+use crate::decision::{ANONYMOUS_POLICY, CONSUMER_POLICY, INLINE_POLICY};
+use crate::live::{self, LiveBody};
 use crate::state::AppState;
-
-/// The caller of a management route: the token its bearer secret names.
-pub struct Caller {
-    pub(crate) token: TokenRecord,
-    pub(crate) store: Store,
-}
-
-impl FromRequestParts<AppState> for Caller {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
-        let Some(store) = state.store.clone() else {
-            return Err(
-                Problem::no_such("the management API needs a policy database (--database)").into_response()
-            );
-        };
-        let unauthorized = |detail: &str| {
-            let mut r = Problem::unauthorized(detail).into_response();
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"tollgate\""));
-            r
-        };
-        // Two Authorization headers are ambiguous (which one did a proxy in front check?).
-        if parts.headers.get_all(header::AUTHORIZATION).iter().nth(1).is_some() {
-            return Err(unauthorized("send one Authorization header, not several"));
-        }
-        let secret = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer);
-        let Some(secret) = secret.filter(|s| !s.is_empty()) else {
-            return Err(unauthorized("send a token: Authorization: Bearer <token>"));
-        };
-        match store.authenticate(secret).await {
-            Ok(Some(token)) => Ok(Caller { token, store }),
-            Ok(None) => Err(unauthorized("unknown token")),
-            Err(e) => Err(store_problem(e).into_response()),
-        }
-    }
-}
-
-/// The credentials of an `Authorization` value of the Bearer scheme. The scheme is
-/// case-insensitive (RFC 9110 section 11.1: `bearer`, `Bearer`, `BEARER` alike) and is
-/// followed by one or more spaces; any other scheme is not a bearer token.
-fn bearer(value: &str) -> Option<&str> {
-    let (scheme, credentials) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| credentials.trim_matches(' '))
-}
-
-/// A caller of at least some role, checked while extracting the request's parts: a handler
-/// takes it before its path, query and body, so a caller without the role is refused (401 or
-/// 403) before anything of the request is read, and learns nothing of the rules of its body.
-macro_rules! role_extractor {
-    ($(#[$doc:meta])* $name:ident, $role:expr) => {
-        $(#[$doc])*
-        pub struct $name(pub Caller);
-
-        impl FromRequestParts<AppState> for $name {
-            type Rejection = Response;
-
-            async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
-                let caller = Caller::from_request_parts(parts, state).await?;
-                caller.require($role).map_err(IntoResponse::into_response)?;
-                Ok($name(caller))
-            }
-        }
-    };
-}
-
-role_extractor!(
-    /// A caller whose token is a viewer, an editor or an admin.
-    AsViewer,
-    Role::Viewer
-);
-role_extractor!(
-    /// A caller whose token is an editor or an admin.
-    AsEditor,
-    Role::Editor
-);
-role_extractor!(
-    /// A caller whose token is an admin.
-    AsAdmin,
-    Role::Admin
-);
-
-impl Caller {
-    pub(crate) fn require(&self, role: Role) -> Result<(), Problem> {
-        if self.token.role >= role {
-            Ok(())
-        } else {
-            Err(Problem::forbidden(format!(
-                "token {:?} is a {}; this needs {}",
-                self.token.name,
-                self.token.role.as_str(),
-                role.as_str()
-            )))
-        }
-    }
-}
-
-/// A store failure as an answer.
-fn store_problem(e: StoreError) -> Problem {
-    match e {
-        StoreError::NotFound { .. } => Problem::no_such(e.to_string()),
-        StoreError::Exists { .. } => Problem::conflict(e.to_string()),
-        StoreError::Stale { .. } => Problem::stale(e.to_string()),
-        StoreError::OutOfScope { .. } => Problem::forbidden(e.to_string()),
-        StoreError::TokenRevoked { .. } => Problem::unauthorized(e.to_string()),
-        StoreError::Invalid { field, message } => Problem::invalid(field, message),
-        StoreError::Database(_) => {
-            tracing::error!(error = %e, "policy database failed");
-            Problem::database_unavailable("the policy database did not answer; try again")
-        }
-        _ => Problem::internal(),
-    }
-}
+use tollgate_http::Problem;
+use tollgate_http::extract::{ApiJson, Path, Query, UniqueObject};
 
 /// `?after=<cursor>&limit=<n>`.
 #[derive(Debug, Default, Deserialize)]
@@ -243,7 +133,7 @@ pub async fn list_policies(
     views.extend(config.policies.iter().filter_map(|(name, _)| file_policy(&state, name)));
     views.sort_by(|a, b| a.name().cmp(b.name()));
     let after = page.after.clone().unwrap_or_default();
-    let limit = usize::try_from(page.limit.unwrap_or(50).clamp(1, tollgate_store::MAX_PAGE)).unwrap_or(50);
+    let limit = page.size() as usize;
     let mut items: Vec<PolicyView> =
         views.into_iter().filter(|v| v.name() > after.as_str()).take(limit + 1).collect();
     let next = (items.len() > limit).then(|| {
@@ -281,7 +171,7 @@ pub async fn create_policy(
         Some(Value::String(name)) => name,
         _ => return Err(Problem::invalid("name", "a policy needs a name (a string)")),
     };
-    let input: PolicyInput = crate::problem::parse(&serde_json::to_vec(&body).unwrap_or_default())?;
+    let input: PolicyInput = tollgate_http::extract::parse(&serde_json::to_vec(&body).unwrap_or_default())?;
     if state.config().policies.get(&name).is_some() {
         return Err(Problem::conflict(format!("policy {name:?} is defined in the configuration file")));
     }
@@ -410,7 +300,7 @@ pub async fn audit(
 ) -> Result<Json<List<Value>>, Problem> {
     let page = Page::from(query);
     let entries = caller.store.audit(&page).await.map_err(store_problem)?;
-    let next = (entries.len() as u32 == page.limit.unwrap_or(50).clamp(1, tollgate_store::MAX_PAGE))
+    let next = (entries.len() as u32 == page.size())
         .then(|| entries.last().map(|e| e.id.to_string()).unwrap_or_default());
     // Each entry's scope is a typed part of it (see `AuditEntry::visible_to`): token changes
     // for admins whose apps cover that token, other changes when the item is visible.
@@ -498,4 +388,51 @@ pub async fn delete_consumer_limit(
         .map_err(store_problem)?;
     refresh(&state).await;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Policy names reported without a policy of that name in the file or the database.
+const BUILTIN_NAMES: &[&str] = &[INLINE_POLICY, CONSUMER_POLICY, ANONYMOUS_POLICY];
+
+/// Allowed and denied checks per second over the last 15 minutes, and the keys nearest their
+/// limits, as seen by this instance (viewer).
+///
+/// The keys are callers' identities (users, addresses, API keys) of every app whose traffic
+/// the policy counts, so a token sees them only when the policy's traffic is all within its
+/// apps: unrestricted tokens everywhere; tokens limited to some apps for stored policies all of
+/// whose apps they hold. Such tokens get the counts of global policies (the file's, stored
+/// ones of no app) with the keys withheld, and nothing of the pseudo-policies `inline`,
+/// `consumer` and `anonymous`, which count every caller of every app (404, as for a policy
+/// they may not see).
+#[utoipa::path(get, path = "/v1/admin/live/policies/{name}", tag = "management", params(("name" = String, Path)), responses((status = 200, description = "`allowed`, `denied`, `shadow_denied`: 900 one-second buckets, oldest first, from `start_sec`; `nearest`: up to 20 keys with the smallest fraction left (empty, with `keys_withheld`, for a token limited to some apps on a policy reaching beyond them)"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
+pub async fn policy_live(
+    State(state): State<AppState>,
+    AsViewer(signed): AsViewer,
+    Path(name): Path<String>,
+) -> Result<Json<LiveBody>, Problem> {
+    let token = &signed.token;
+    let unknown = || Problem::no_such(format!("there is no policy named {name:?}"));
+    // The apps of the policy's traffic: None when it is not visible to the token at all.
+    let apps: Vec<String> = if BUILTIN_NAMES.contains(&name.as_str()) {
+        if token.apps.is_some() {
+            return Err(unknown());
+        }
+        Vec::new()
+    } else if state.config().policies.get(&name).is_some() {
+        Vec::new()
+    } else {
+        match signed.store.get_policy(&name).await {
+            Ok(record) if token.may_see(&record.apps) => record.apps,
+            Ok(_) | Err(tollgate_store::StoreError::NotFound { .. }) => return Err(unknown()),
+            Err(_) => {
+                return Err(Problem::database_unavailable("the policy database did not answer; try again"));
+            }
+        }
+    };
+    let now = live::now_ms();
+    let mut body = state.live.snapshot_at(&name, now).unwrap_or_else(|| LiveBody::empty(&name, now));
+    if !token.may_change(&apps) {
+        body.nearest.clear();
+        body.keys_withheld = true;
+    }
+    Ok(Json(body))
 }

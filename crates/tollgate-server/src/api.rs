@@ -2,26 +2,23 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use axum::response::Response;
+use serde::Deserialize;
 use tollgate_config::rule_error_field;
 use tollgate_core::limits::MAX_CONCURRENCY_LIMIT;
-use tollgate_core::{Error as CoreError, Lease, LeaseId, Period, Rule, RuleSet};
-use tollgate_limiter::{LimitError, Policy, Verdict};
+use tollgate_core::{Lease, LeaseId, Period, Rule, RuleSet};
+use tollgate_limiter::{Policy, Verdict};
 use utoipa::ToSchema;
 
-use crate::headers::{ceil_millis, rate_limit_headers, rule_name};
-use crate::problem::{ApiJson, Problem};
+use crate::decision::{DecisionBody, INLINE_POLICY, limit_problem, respond};
 use crate::state::AppState;
+use tollgate_http::Problem;
+use tollgate_http::extract::ApiJson;
 
 /// Most inline rules in one request.
 pub const MAX_INLINE_RULES: usize = 16;
-
-/// The policy name reported for inline rules.
-pub const INLINE_POLICY: &str = "inline";
 
 fn one() -> u64 {
     1
@@ -124,93 +121,6 @@ pub struct ResetRequest {
     pub limits: Option<Vec<Rule>>,
 }
 
-/// One rule's part of a decision.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct RuleBody {
-    /// The rule's name, or its algorithm and position (`fixed_window.0`).
-    pub name: String,
-    /// The rule's algorithm.
-    pub algorithm: &'static str,
-    /// Whether this rule alone admits the request.
-    pub allowed: bool,
-    /// The most units the rule admits at once.
-    pub limit: u64,
-    /// Units left after this decision.
-    pub remaining: u64,
-    /// Milliseconds until the rule is full again, rounded up.
-    pub reset_after_ms: u64,
-    /// Milliseconds until the same cost would be admitted by this rule, rounded up.
-    pub retry_after_ms: u64,
-}
-
-/// The answer to a check or acquire: the same body on 200 and 429.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct DecisionBody {
-    /// Whether to let the request through (true for shadow-mode denials).
-    pub allowed: bool,
-    /// The most restrictive rule's limit.
-    pub limit: u64,
-    /// The most restrictive rule's remaining units.
-    pub remaining: u64,
-    /// Milliseconds until the most restrictive rule is full again.
-    pub reset_after_ms: u64,
-    /// Milliseconds until the same cost would be admitted (0 when admitted).
-    pub retry_after_ms: u64,
-    /// True when answered without the primary backend (its failure policy answered).
-    pub degraded: bool,
-    /// The policy applied (`inline` for inline rules).
-    pub policy: String,
-    /// Shadow mode only: the rules denied, but the request is let through.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub shadow_denied: bool,
-    /// `on_limit = "delay"`: milliseconds the request was held before this answer.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub delayed_ms: Option<u64>,
-    /// Acquire only: the lease to hand back to `/v1/release`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lease_id: Option<String>,
-    /// Consumer and anonymous checks, when denied: which period refused, in words.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// Every rule's outcome, in the policy's order.
-    pub rules: Vec<RuleBody>,
-}
-
-impl DecisionBody {
-    pub(crate) fn new(policy: &Policy, verdict: &Verdict, lease_id: Option<String>) -> Self {
-        let d = &verdict.decision;
-        let rules = policy
-            .rules
-            .rules()
-            .zip(d.rules())
-            .enumerate()
-            .map(|(index, (rule, o))| RuleBody {
-                name: rule_name(rule, index),
-                algorithm: o.algorithm.as_str(),
-                allowed: o.allowed,
-                limit: o.limit,
-                remaining: o.remaining,
-                reset_after_ms: ceil_millis(o.reset_after),
-                retry_after_ms: ceil_millis(o.retry_after),
-            })
-            .collect();
-        DecisionBody {
-            allowed: verdict.allowed(),
-            limit: d.limit(),
-            remaining: d.remaining(),
-            reset_after_ms: ceil_millis(d.reset_after()),
-            retry_after_ms: ceil_millis(d.retry_after()),
-            degraded: verdict.degraded,
-            policy: policy.name.to_string(),
-            shadow_denied: verdict.shadow_denied,
-            delayed_ms: (!verdict.waited.is_zero()).then(|| ceil_millis(verdict.waited)),
-            lease_id,
-            message: None,
-            rules,
-        }
-    }
-}
-
 /// 200 or 429 with the decision body and the rate-limit headers.
 fn decision_response(
     state: &AppState,
@@ -218,16 +128,7 @@ fn decision_response(
     verdict: &Verdict,
     lease_id: Option<String>,
 ) -> Response {
-    respond(state, policy, verdict, DecisionBody::new(policy, verdict, lease_id))
-}
-
-/// 200 or 429 with `body` and the rate-limit headers of `verdict`.
-pub(crate) fn respond(state: &AppState, policy: &Policy, verdict: &Verdict, body: DecisionBody) -> Response {
-    let status = if verdict.allowed() { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
-    let mut response = (status, Json(body)).into_response();
-    let reset = state.config.load().server.reset_header;
-    rate_limit_headers(response.headers_mut(), &policy.rules, &verdict.decision, reset, !verdict.allowed());
-    response
+    respond(state.config().server.reset_header, policy, verdict, DecisionBody::new(policy, verdict, lease_id))
 }
 
 /// What a request will do with inline rules: store state under them (check, acquire), or only
@@ -323,44 +224,13 @@ fn resolve_lease(
     Ok(policy)
 }
 
-/// A limiter error as an answer. `rules_field` is where the rules came from (`policy` or
-/// `limits`).
-pub(crate) fn limit_problem(e: LimitError, rules_field: &str) -> Problem {
-    match e {
-        LimitError::Unavailable(e) => {
-            Problem::unavailable(format!("{e}; the failure policy is closed, so no decision was made"))
-        }
-        LimitError::Invalid(e) => match e {
-            CoreError::InvalidKey(_) => Problem::invalid("key", e.to_string()),
-            CoreError::CostExceedsCapacity { .. } | CoreError::CostTooLarge { .. } => {
-                Problem::invalid("cost", e.to_string())
-            }
-            CoreError::LeaseRequired { .. } => {
-                Problem::invalid(rules_field, format!("{e}; use /v1/acquire and /v1/release"))
-            }
-            other => Problem::invalid(rules_field, other.to_string()),
-        },
-        _ => Problem::internal(),
-    }
-}
-
 fn rules_field(policy: &Option<String>) -> &'static str {
     if policy.is_some() { "policy" } else { "limits" }
 }
 
-/// Key prefixes that Tollgate's own checks count under: consumers and anonymous callers
-/// (consumers.rs) and Envoy descriptors (tollgate-envoy's service). A caller's key may not start
-/// with one, so that no decision request can spend or reset those counts.
-const RESERVED_KEY_PREFIXES: [&str; 4] = [
-    crate::consumers::CONSUMER_KEY_PREFIX,
-    crate::consumers::ANONYMOUS_KEY_PREFIX,
-    tollgate_envoy::KEY_PREFIX,
-    tollgate_envoy::HASHED_KEY_PREFIX,
-];
-
 /// Refuses a caller's key in one of Tollgate's own namespaces.
 fn caller_key(key: &str) -> Result<&str, Problem> {
-    match RESERVED_KEY_PREFIXES.iter().find(|prefix| key.starts_with(**prefix)) {
+    match tollgate_limiter::keyspace::reserved_prefix(key) {
         Some(prefix) => Err(Problem::invalid(
             "key",
             format!(

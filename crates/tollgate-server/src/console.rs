@@ -9,9 +9,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use tollgate_store::TokenRecord;
 
-use crate::admin::Caller;
+use crate::auth::Caller;
 
-use crate::problem::Problem;
+use tollgate_http::Problem;
 
 /// One embedded file.
 struct Asset {

@@ -13,19 +13,16 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tollgate_core::{Period, Rule, RuleSet};
-use tollgate_limiter::{Policy, Verdict};
-use tollgate_store::{PERIODS, aggregate, validate_consumer_id};
+use tollgate_limiter::keyspace::{anonymous_key, consumer_key};
+use tollgate_limiter::{PERIODS, Policy, Verdict};
+use tollgate_store::{aggregate, validate_consumer_id};
 
-use crate::admin::AsViewer;
-use crate::api::{DecisionBody, limit_problem, respond};
-use crate::headers::ceil_secs;
-use crate::problem::{Path, Problem};
+use crate::auth::AsViewer;
+use crate::decision::{ANONYMOUS_POLICY, CONSUMER_POLICY, DecisionBody, limit_problem, respond};
 use crate::state::AppState;
-
-/// The policy name consumer checks are reported (and labelled in metrics) under.
-pub const CONSUMER_POLICY: &str = "consumer";
-/// The policy name anonymous checks are reported under.
-pub const ANONYMOUS_POLICY: &str = "anonymous";
+use tollgate_http::Problem;
+use tollgate_http::extract::Path;
+use tollgate_http::headers::ceil_secs;
 
 fn now_ms() -> i64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -113,7 +110,7 @@ async fn decide(
     state.live.record(&policy.name, key, cost, &verdict);
     let mut body = DecisionBody::new(policy, &verdict, None);
     body.message = denial_message(policy, &verdict, whom);
-    Ok(respond(state, policy, &verdict, body))
+    Ok(respond(state.config().server.reset_header, policy, &verdict, body))
 }
 
 /// `POST /v1/check {"consumer": ...}`.
@@ -140,12 +137,8 @@ pub(crate) async fn check_consumer(
         };
         return Ok(Json(body).into_response());
     };
-    decide(state, &format!("{CONSUMER_KEY_PREFIX}{consumer}"), &policy, cost, "for this consumer").await
+    decide(state, &consumer_key(consumer), &policy, cost, "for this consumer").await
 }
-
-/// A consumer's state key is this and its id; an anonymous caller's, the other and its address.
-pub(crate) const CONSUMER_KEY_PREFIX: &str = "consumer:";
-pub(crate) const ANONYMOUS_KEY_PREFIX: &str = "anonymous:";
 
 /// `POST /v1/check {"anonymous_ip": ...}`.
 pub(crate) async fn check_anonymous(state: &AppState, ip: &str, cost: u64) -> Result<Response, Problem> {
@@ -155,7 +148,7 @@ pub(crate) async fn check_anonymous(state: &AppState, ip: &str, cost: u64) -> Re
     let per_hour = state.config().consumers.anonymous_per_hour;
     let hourly = [None, None, Some(per_hour), None, None, None];
     let policy = consumer_policy(ANONYMOUS_POLICY, hourly).ok_or_else(Problem::internal)?;
-    decide(state, &format!("{ANONYMOUS_KEY_PREFIX}{ip}"), &policy, cost, "from an anonymous caller").await
+    decide(state, &anonymous_key(ip), &policy, cost, "from an anonymous caller").await
 }
 
 /// One period's live state.
@@ -203,7 +196,7 @@ pub async fn call_limits(
     if let Some(policy) = consumer_policy(CONSUMER_POLICY, limits) {
         let verdict = state
             .limiter
-            .peek(&format!("{CONSUMER_KEY_PREFIX}{consumer}"), &policy.rules)
+            .peek(&consumer_key(&consumer), &policy.rules)
             .await
             .map_err(|e| limit_problem(e, "consumer"))?;
         body.degraded = verdict.degraded;

@@ -13,16 +13,20 @@
 //! let limiter = Limiter::new(Arc::new(MemoryBackend::new()), "memory", config.limiter_settings());
 //! let app: axum::Router = router(AppState::new(limiter, config));
 //! ```
+//!
+//! Every module is private: the crate's surface is [`router`] (or [`router_with`], to serve
+//! more routes, such as Envoy's `/json`, under the same limits and error answers), [`AppState`]
+//! and [`prometheus`].
 
-pub mod admin;
-pub mod api;
-pub mod console;
-pub mod consumers;
-pub mod headers;
-pub mod live;
+mod admin;
+mod api;
+mod auth;
+mod console;
+mod consumers;
+mod decision;
+mod live;
 mod openapi;
-pub mod ops;
-pub mod problem;
+mod ops;
 mod state;
 
 use axum::Router;
@@ -30,12 +34,13 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::Uri;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
+use tollgate_http::Problem;
+use tollgate_http::extract::MAX_BODY_BYTES;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi as _;
 
-pub use openapi::ApiDoc;
-pub use problem::{MAX_BODY_BYTES, Problem};
+use openapi::ApiDoc;
 pub use state::{AppState, prometheus};
 
 async fn not_found(uri: Uri) -> Problem {
@@ -52,6 +57,13 @@ async fn openapi() -> impl IntoResponse {
 
 /// The HTTP API's routes over `state`.
 pub fn router(state: AppState) -> Router {
+    router_with(state, Router::new())
+}
+
+/// The HTTP API's routes over `state`, and `more` routes (such as
+/// `tollgate_envoy::json::router`): all under the body limit, the problem+json fallbacks, tracing
+/// and the panic guard.
+pub fn router_with(state: AppState, more: Router) -> Router {
     Router::new()
         .route("/v1/check", post(api::check))
         .route("/v1/acquire", post(api::acquire))
@@ -62,7 +74,6 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(openapi))
-        .route("/json", post(ops::envoy_json))
         .route("/v1/admin/policies", get(admin::list_policies).post(admin::create_policy))
         .route(
             "/v1/admin/policies/{name}",
@@ -81,14 +92,15 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/consumers/{consumer}/call-limits", get(consumers::call_limits))
         .route("/v1/admin/me", get(console::me))
-        .route("/v1/admin/live/policies/{name}", get(live::policy_live))
+        .route("/v1/admin/live/policies/{name}", get(admin::policy_live))
         .route("/console", get(console::index))
         .route("/console/", get(console::index))
         .route("/console/assets/{file}", get(console::asset))
+        .with_state(state)
+        .merge(more)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(TraceLayer::new_for_http())
         .layer(CatchPanicLayer::custom(|_| Problem::internal().into_response()))
-        .with_state(state)
 }

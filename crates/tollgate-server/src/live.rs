@@ -12,15 +12,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::Json;
-use axum::extract::State;
 use serde::Serialize;
+use tollgate_http::headers::ceil_millis;
 use tollgate_limiter::Verdict;
-
-use crate::admin::AsViewer;
-use crate::headers::ceil_millis;
-use crate::problem::{Path, Problem};
-use crate::state::AppState;
 
 /// Seconds of history kept per policy: 15 minutes of one-second buckets.
 pub const WINDOW_SECS: u64 = 900;
@@ -28,10 +22,6 @@ pub const WINDOW_SECS: u64 = 900;
 pub const TOP_KEYS: usize = 20;
 /// Policies tracked at once.
 pub const MAX_POLICIES: usize = 256;
-
-/// Policy names reported without a policy of that name in the file or the database.
-const BUILTIN_NAMES: &[&str] =
-    &[crate::api::INLINE_POLICY, crate::consumers::CONSUMER_POLICY, crate::consumers::ANONYMOUS_POLICY];
 
 #[derive(Clone, Copy, Default)]
 struct Bucket {
@@ -127,7 +117,7 @@ impl std::fmt::Debug for Live {
     }
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
 }
@@ -194,7 +184,7 @@ impl Live {
 
     /// What `GET /v1/admin/live/policies/{name}` answers, as of `now_ms`; `None` when nothing
     /// was recorded for the policy.
-    fn snapshot_at(&self, policy: &str, now_ms: u64) -> Option<LiveBody> {
+    pub(crate) fn snapshot_at(&self, policy: &str, now_ms: u64) -> Option<LiveBody> {
         let entry = self.policies.read().unwrap_or_else(|e| e.into_inner()).get(policy).cloned()?;
         let mut body = LiveBody::empty(policy, now_ms);
         let (start, sec) = (body.start_sec, now_ms / 1000);
@@ -253,7 +243,7 @@ pub struct Bounds {
 
 impl LiveBody {
     /// No traffic: zeros throughout.
-    fn empty(policy: &str, now_ms: u64) -> Self {
+    pub(crate) fn empty(policy: &str, now_ms: u64) -> Self {
         LiveBody {
             policy: policy.to_owned(),
             now_ms,
@@ -292,50 +282,6 @@ pub struct LiveBody {
     pub keys_withheld: bool,
     /// The recorder's bounds.
     pub bounds: Bounds,
-}
-
-/// Allowed and denied checks per second over the last 15 minutes, and the keys nearest their
-/// limits, as seen by this instance (viewer).
-///
-/// The keys are callers' identities (users, addresses, API keys) of every app whose traffic
-/// the policy counts, so a token sees them only when the policy's traffic is all within its
-/// apps: unrestricted tokens everywhere; tokens limited to some apps for stored policies all of
-/// whose apps they hold. Such tokens get the counts of global policies (the file's, stored
-/// ones of no app) with the keys withheld, and nothing of the pseudo-policies `inline`,
-/// `consumer` and `anonymous`, which count every caller of every app (404, as for a policy
-/// they may not see).
-#[utoipa::path(get, path = "/v1/admin/live/policies/{name}", tag = "management", params(("name" = String, Path)), responses((status = 200, description = "`allowed`, `denied`, `shadow_denied`: 900 one-second buckets, oldest first, from `start_sec`; `nearest`: up to 20 keys with the smallest fraction left (empty, with `keys_withheld`, for a token limited to some apps on a policy reaching beyond them)"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
-pub async fn policy_live(
-    State(state): State<AppState>,
-    AsViewer(signed): AsViewer,
-    Path(name): Path<String>,
-) -> Result<Json<LiveBody>, Problem> {
-    let token = &signed.token;
-    let unknown = || Problem::no_such(format!("there is no policy named {name:?}"));
-    // The apps of the policy's traffic: None when it is not visible to the token at all.
-    let apps: Vec<String> = if BUILTIN_NAMES.contains(&name.as_str()) {
-        if token.apps.is_some() {
-            return Err(unknown());
-        }
-        Vec::new()
-    } else if state.config().policies.get(&name).is_some() {
-        Vec::new()
-    } else {
-        match signed.store.get_policy(&name).await {
-            Ok(record) if token.may_see(&record.apps) => record.apps,
-            Ok(_) | Err(tollgate_store::StoreError::NotFound { .. }) => return Err(unknown()),
-            Err(_) => {
-                return Err(Problem::database_unavailable("the policy database did not answer; try again"));
-            }
-        }
-    };
-    let now = now_ms();
-    let mut body = state.live.snapshot_at(&name, now).unwrap_or_else(|| LiveBody::empty(&name, now));
-    if !token.may_change(&apps) {
-        body.nearest.clear();
-        body.keys_withheld = true;
-    }
-    Ok(Json(body))
 }
 
 #[cfg(test)]

@@ -2,7 +2,17 @@
 
 use utoipa::OpenApi;
 
-use crate::{admin, api, console, consumers, live, ops, problem};
+use tollgate_http::Problem;
+
+use crate::{admin, api, console, consumers, decision, ops};
+
+/// `POST /json`: Envoy's rate-limit request and answer as JSON (upstream's endpoint), 200 when
+/// every descriptor is OK, 429 when one is over its limit. Served by `tollgate_envoy::json::router`,
+/// which `tollgate serve` merges into this router ([`crate::router_with`]); described here so that
+/// `/openapi.json` covers the whole service.
+#[utoipa::path(post, path = "/json", request_body(content = Object, description = "Envoy's RateLimitRequest in protobuf's JSON mapping"), responses((status = 200, description = "Every descriptor OK: RateLimitResponse as JSON"), (status = 429, description = "A descriptor over its limit"), (status = 400, body = Problem, content_type = "application/problem+json")))]
+#[allow(dead_code)] // documentation only
+fn envoy_json() {}
 
 /// Tollgate's HTTP API.
 #[derive(OpenApi)]
@@ -20,7 +30,7 @@ use crate::{admin, api, console, consumers, live, ops, problem};
         ops::readyz,
         ops::info,
         ops::metrics,
-        ops::envoy_json,
+        envoy_json,
         consumers::call_limits,
         admin::list_policies,
         admin::get_policy,
@@ -36,16 +46,16 @@ use crate::{admin, api, console, consumers, live, ops, problem};
         admin::update_consumer_limit,
         admin::delete_consumer_limit,
         console::me,
-        live::policy_live
+        admin::policy_live
     ),
     components(schemas(
         api::CheckRequest,
         api::AcquireRequest,
         api::ReleaseRequest,
         api::ResetRequest,
-        api::DecisionBody,
-        api::RuleBody,
-        problem::Problem,
+        decision::DecisionBody,
+        decision::RuleBody,
+        Problem,
         ops::Health,
         ops::Info,
     ))

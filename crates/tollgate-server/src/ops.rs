@@ -6,9 +6,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tollgate_limiter::BreakerState;
-use tonic::Code as tonic_code;
 
-use crate::problem::Problem;
 use utoipa::ToSchema;
 
 use crate::state::AppState;
@@ -95,24 +93,4 @@ pub async fn info(State(state): State<AppState>) -> Json<Info> {
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let body = state.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
-}
-
-/// `POST /json`: the Envoy rate-limit service's request and answer as JSON (upstream's
-/// endpoint): 200 when every descriptor is OK, 429 when one is over its limit.
-#[utoipa::path(post, path = "/json", request_body(content = Object, description = "Envoy's RateLimitRequest in protobuf's JSON mapping"), responses((status = 200, description = "Every descriptor OK: RateLimitResponse as JSON"), (status = 429, description = "A descriptor over its limit"), (status = 400, body = Problem, content_type = "application/problem+json")))]
-pub async fn envoy_json(
-    State(state): State<AppState>,
-    crate::problem::ApiJson(req): crate::problem::ApiJson<tollgate_envoy::json::JsonRequest>,
-) -> Result<Response, Problem> {
-    let Some(envoy) = &state.envoy else {
-        return Err(Problem::not_found("/json (no Envoy service in this server)"));
-    };
-    let answer = envoy.decide(req.into()).await.map_err(|status| match status.code() {
-        tonic_code::InvalidArgument => Problem::invalid("descriptors", status.message().to_owned()),
-        tonic_code::Unavailable => Problem::unavailable(status.message().to_owned()),
-        _ => Problem::internal(),
-    })?;
-    let body = tollgate_envoy::json::JsonResponse::from(answer);
-    let code = if body.overall_code == "OVER_LIMIT" { StatusCode::TOO_MANY_REQUESTS } else { StatusCode::OK };
-    Ok((code, Json(body)).into_response())
 }

@@ -25,7 +25,6 @@ pub struct AppState {
     pub(crate) store: Option<Store>,
     pub(crate) stored: Arc<ArcSwap<StoredPolicies>>,
     pub(crate) consumers: Arc<ArcSwap<StoredConsumers>>,
-    pub(crate) envoy: Option<tollgate_envoy::EnvoyService>,
     /// Decisions per second and keys near their limits, for the console (bounded).
     pub(crate) live: Arc<crate::live::Live>,
 }
@@ -68,15 +67,8 @@ impl AppState {
             store: None,
             stored: Arc::default(),
             consumers: Arc::default(),
-            envoy: None,
             live: Arc::default(),
         }
-    }
-
-    /// This state answering `POST /json` (the Envoy service's request as JSON) with `envoy`.
-    pub fn with_envoy(mut self, envoy: tollgate_envoy::EnvoyService) -> Self {
-        self.envoy = Some(envoy);
-        self
     }
 
     /// This state with a policy database: its enabled policies are served beside the file's,

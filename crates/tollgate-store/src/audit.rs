@@ -33,6 +33,45 @@ impl ItemKind {
     }
 }
 
+/// What a change did to its item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// The item was created.
+    Create,
+    /// The item was changed.
+    Update,
+    /// The item was deleted (or a token revoked).
+    Delete,
+}
+
+impl Action {
+    /// The name stored in the audit log and shown in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Create => "create",
+            Action::Update => "update",
+            Action::Delete => "delete",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Action> {
+        [Action::Create, Action::Update, Action::Delete].into_iter().find(|a| a.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for Action {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// The apps an audit entry's item belonged to before and after the change: what decides who
 /// may read the entry. Kept in columns of its own (`apps_before`, `apps_after`), written with
 /// the entry, so authorisation never digs in the recorded JSON.
@@ -56,7 +95,7 @@ pub struct AuditEntry {
     /// The token name that made the change.
     pub actor: String,
     /// `create`, `update` or `delete`.
-    pub action: String,
+    pub action: Action,
     /// What was changed: `policy`, `token` or `consumer_limit`.
     pub kind: ItemKind,
     /// The item's name.
@@ -88,7 +127,7 @@ impl AuditEntry {
 
 pub(crate) struct Change<'a> {
     pub actor: &'a str,
-    pub action: &'static str,
+    pub action: Action,
     pub kind: ItemKind,
     pub subject: &'a str,
     pub before: Option<serde_json::Value>,
@@ -110,7 +149,7 @@ pub(crate) async fn record(tx: &mut Transaction<'static, Any>, c: Change<'_>) ->
     )
     .bind(now_ms())
     .bind(c.actor)
-    .bind(c.action)
+    .bind(c.action.as_str())
     .bind(c.kind.as_str())
     .bind(c.subject)
     .bind(text(&c.before))
@@ -155,7 +194,14 @@ impl Store {
                     id: r.try_get("id")?,
                     at: r.try_get("at")?,
                     actor: r.try_get("actor")?,
-                    action: r.try_get("action")?,
+                    action: {
+                        let action: String = r.try_get("action")?;
+                        Action::parse(&action).ok_or_else(|| {
+                            StoreError::Database(sqlx::Error::Decode(
+                                format!("unknown audit action {action:?}").into(),
+                            ))
+                        })?
+                    },
                     kind: {
                         let kind: String = r.try_get("kind")?;
                         ItemKind::parse(&kind).ok_or_else(|| {

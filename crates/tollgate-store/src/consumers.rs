@@ -5,10 +5,10 @@
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use sqlx::any::AnyRow;
-use tollgate_config::SixPeriods;
 use tollgate_core::limits::MAX_COUNT;
+use tollgate_limiter::SixPeriods;
 
-use crate::audit::{AuditScope, Change, ItemKind};
+use crate::audit::{Action, AuditScope, Change, ItemKind};
 use crate::scope::Actor;
 use crate::{Store, StoreError, now_ms};
 
@@ -119,7 +119,9 @@ impl ConsumerLimitInput {
 
     /// Validates; the active window in epoch milliseconds.
     fn validate(&self) -> Result<(Option<i64>, Option<i64>), StoreError> {
-        self.limits().validate().map_err(|e| StoreError::Invalid { field: e.field, message: e.message })?;
+        self.limits()
+            .validate()
+            .map_err(|e| StoreError::Invalid { field: e.field.into(), message: e.to_string() })?;
         if let Some(scope) = &self.scope {
             validate_consumer_id("scope", scope)?;
         }
@@ -297,7 +299,7 @@ impl Store {
         let after = crate::audit::snapshot(&record);
         let change = Change {
             actor: actor.name(),
-            action: "create",
+            action: Action::Create,
             kind: ItemKind::ConsumerLimit,
             subject: consumer_id,
             before: None,
@@ -358,7 +360,7 @@ impl Store {
         .await?;
         let change = Change {
             actor: actor.name(),
-            action: "update",
+            action: Action::Update,
             kind: ItemKind::ConsumerLimit,
             subject: consumer_id,
             before: crate::audit::snapshot(&before),
@@ -384,7 +386,7 @@ impl Store {
         sqlx::query("DELETE FROM consumer_limits WHERE id = $1").bind(id).execute(&mut *tx).await?;
         let change = Change {
             actor: actor.name(),
-            action: "delete",
+            action: Action::Delete,
             kind: ItemKind::ConsumerLimit,
             subject: consumer_id,
             before: crate::audit::snapshot(&before),

@@ -16,15 +16,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{Any, AnyPool, Transaction};
 
-pub use audit::{AuditEntry, AuditScope, ItemKind};
+pub use audit::{Action, AuditEntry, AuditScope, ItemKind};
 pub use consumers::{ConsumerLimit, ConsumerLimitInput, MAX_CONSUMER_BYTES, aggregate, validate_consumer_id};
 pub use policies::{PolicyInput, PolicyRecord};
 pub use scope::Actor;
 pub use tokens::{Role, TokenRecord};
-pub use tollgate_config::{PERIODS, SixPeriods};
 
 /// Most items one list call returns.
 pub const MAX_PAGE: u32 = 200;
+/// Items in a page when the request names no `limit`.
+pub const DEFAULT_PAGE: u32 = 50;
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -122,13 +123,19 @@ pub(crate) fn now_ms() -> i64 {
 pub struct Page {
     /// Items after this cursor (exclusive), in list order.
     pub after: Option<String>,
-    /// At most this many (1 to [`MAX_PAGE`], default 50).
+    /// At most this many (1 to [`MAX_PAGE`], default [`DEFAULT_PAGE`]).
     pub limit: Option<u32>,
 }
 
 impl Page {
+    /// How many items the page holds at most: `limit` within 1 to [`MAX_PAGE`], or
+    /// [`DEFAULT_PAGE`].
+    pub fn size(&self) -> u32 {
+        self.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE)
+    }
+
     pub(crate) fn limit(&self) -> i64 {
-        i64::from(self.limit.unwrap_or(50).clamp(1, MAX_PAGE))
+        i64::from(self.size())
     }
 }
 

@@ -8,7 +8,7 @@ use tollgate_config::{OnLimitKind, PolicySpec};
 use tollgate_core::{Period, Rule};
 use tollgate_limiter::{Mode, Policy};
 
-use crate::audit::{AuditScope, Change, ItemKind};
+use crate::audit::{Action, AuditScope, Change, ItemKind};
 use crate::scope::Actor;
 use crate::{Page, Store, StoreError, now_ms};
 
@@ -197,7 +197,7 @@ impl Store {
         }
         let change = Change {
             actor: actor.name(),
-            action: "create",
+            action: Action::Create,
             kind: ItemKind::Policy,
             subject: name,
             before: None,
@@ -249,7 +249,7 @@ impl Store {
         .await?;
         let change = Change {
             actor: actor.name(),
-            action: "update",
+            action: Action::Update,
             kind: ItemKind::Policy,
             subject: name,
             before: crate::audit::snapshot(&before),
@@ -278,7 +278,7 @@ impl Store {
             .await?;
         let change = Change {
             actor: actor.name(),
-            action: "delete",
+            action: Action::Delete,
             kind: ItemKind::Policy,
             subject: name,
             before: crate::audit::snapshot(&before),

@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::audit::{AuditScope, Change, ItemKind};
+use crate::audit::{Action, AuditScope, Change, ItemKind};
 use crate::policies::MAX_APPS;
 use crate::scope::Actor;
 use crate::{Page, Store, StoreError, now_ms};
@@ -169,7 +169,7 @@ impl Store {
             tx,
             Change {
                 actor: actor.name(),
-                action: "create",
+                action: Action::Create,
                 kind: ItemKind::Token,
                 subject: name,
                 before: None,
@@ -259,7 +259,7 @@ impl Store {
             tx,
             Change {
                 actor: actor.name(),
-                action: "delete",
+                action: Action::Delete,
                 kind: ItemKind::Token,
                 subject: name,
                 before,

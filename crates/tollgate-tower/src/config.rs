@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use http::{HeaderName, HeaderValue, Method};
 use serde::Deserialize;
-use tollgate_config::ResetHeader;
+use tollgate_http::ResetHeader;
 use tollgate_limiter::{Limiter, Policy};
 
 use crate::{

@@ -1,13 +1,12 @@
 //! [`Key`]: whose requests a limited route counts together, read from the request.
 
-use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use http::request::Parts;
 use http::{Extensions, HeaderMap, HeaderName, StatusCode};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use sha2::{Digest, Sha256};
+use tollgate_limiter::keyspace::secret_digest;
 
 /// Why a [`Key`] could not be read from a request.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -151,8 +150,14 @@ pub struct TrustedProxies {
 
 /// A trusted-proxy entry that is neither an address nor a CIDR block.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not an IP address or a CIDR block such as 10.0.0.0/8")]
-pub struct CidrError(pub String);
+#[error("{input:?} is not an IP address or a CIDR block such as 10.0.0.0/8")]
+pub struct CidrError {
+    /// The text given.
+    pub input: String,
+    /// Why it is not a CIDR block.
+    #[source]
+    pub reason: std::net::AddrParseError,
+}
 
 impl TrustedProxies {
     /// Proxies in `nets`, writing `X-Forwarded-For`.
@@ -172,7 +177,7 @@ impl TrustedProxies {
                 let s = s.as_ref().trim();
                 s.parse::<IpNet>()
                     .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
-                    .map_err(|_| CidrError(s.to_owned()))
+                    .map_err(|reason| CidrError { input: s.to_owned(), reason })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self::new(nets))
@@ -345,14 +350,6 @@ impl std::fmt::Debug for Key {
     }
 }
 
-/// Header values and tokens are hashed into keys: secrets must not land in Redis, and a key has
-/// a bounded length.
-fn digest(out: &mut String, value: &[u8]) {
-    for b in &Sha256::digest(value)[..16] {
-        let _ = write!(out, "{b:02x}");
-    }
-}
-
 impl Key {
     fn of(source: Source, rejection: Rejection) -> Self {
         Key { source, rejection, fallback: None }
@@ -466,9 +463,8 @@ impl Key {
                 if value.is_empty() {
                     return Err(ExtractError::InvalidHeader(name.clone()));
                 }
-                let mut key = format!("hdr:{name}:");
-                digest(&mut key, value);
-                Ok(key)
+                // Header values and tokens may be secrets, which must not land in a backend.
+                Ok(format!("hdr:{name}:{}", secret_digest(value)))
             }
             Source::Bearer => {
                 let name = http::header::AUTHORIZATION;
@@ -482,9 +478,7 @@ impl Key {
                     .map(|(_, token)| token.trim())
                     .filter(|t| !t.is_empty())
                     .ok_or(ExtractError::InvalidHeader(name))?;
-                let mut key = String::from("bearer:");
-                digest(&mut key, token.as_bytes());
-                Ok(key)
+                Ok(format!("bearer:{}", secret_digest(token.as_bytes())))
             }
             Source::Extension(type_name, read) => {
                 let id = read(&parts.extensions).ok_or(ExtractError::MissingIdentity(type_name))?;

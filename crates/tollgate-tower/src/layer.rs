@@ -9,14 +9,13 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, header};
-use sha2::{Digest, Sha256};
-use tollgate_config::ResetHeader;
-use tollgate_core::limits::MAX_KEY_BYTES;
+use tollgate_http::ResetHeader;
+use tollgate_http::headers::{ceil_secs, rate_limit_headers};
+use tollgate_limiter::keyspace::policy_key;
 use tollgate_limiter::{LimitError, Limiter, Policy, Verdict};
 
-use crate::headers::{ceil_secs, rate_limit_headers};
 use crate::path::{PathError, Spelling, canonicalize, route_key, upper_case_escapes};
-use crate::response::{Problem, is_grpc};
+use crate::response::{Problem, answer, backend_unavailable, is_grpc, key_refused, misconfigured};
 use crate::route::{Action, RouteError, RouteTable};
 use crate::{Cors, Key, NonCanonicalPaths, PathCase, ResponseBody, Route};
 
@@ -59,7 +58,9 @@ pub struct RateLimitInfo {
     pub verdict: Verdict,
 }
 
-struct Shared {
+/// What every clone of a layer and of its services shares: the limiter, the key, the route
+/// table and the answers' settings, fixed when the layer is built.
+struct LayerSettings {
     limiter: Limiter,
     key: Key,
     default: Option<Arc<Policy>>,
@@ -160,7 +161,7 @@ impl Builder {
         if let Some(p) = limited.chain(&self.default).find(|p| p.rules.has_concurrency()) {
             return Err(BuildError::ConcurrencyPolicy { policy: p.name.to_string() });
         }
-        let shared = Shared {
+        let shared = LayerSettings {
             limiter: self.limiter,
             key: self.key,
             default: self.default,
@@ -197,7 +198,7 @@ fn pattern_key(pattern: &str, case: PathCase) -> Result<String, BuildError> {
 /// mode and `delay` strategy apply as in the server. Cheap to clone.
 #[derive(Clone)]
 pub struct TollgateLayer {
-    shared: Arc<Shared>,
+    shared: Arc<LayerSettings>,
 }
 
 impl std::fmt::Debug for TollgateLayer {
@@ -244,7 +245,7 @@ impl<S> tower::Layer<S> for TollgateLayer {
 #[derive(Clone)]
 pub struct Tollgate<S> {
     inner: S,
-    shared: Arc<Shared>,
+    shared: Arc<LayerSettings>,
 }
 
 impl<S> std::fmt::Debug for Tollgate<S> {
@@ -267,18 +268,6 @@ fn is_preflight<B>(req: &Request<B>) -> bool {
     req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
 }
 
-/// The limiter's key: the policy's name scopes it, so two routes limit separately even with
-/// equal rules; hashed when it would be too long.
-fn limiter_key(policy: &str, key: &str) -> String {
-    let full = format!("{policy}:{key}");
-    if full.len() <= MAX_KEY_BYTES {
-        return full;
-    }
-    let digest = Sha256::digest(full.as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{policy}:sha256:{hex}")
-}
-
 /// `req`'s path replaced by `path`, its query kept.
 fn set_path<B>(req: &mut Request<B>, path: &str) -> Result<(), http::Error> {
     let path_and_query = match req.uri().query() {
@@ -291,7 +280,7 @@ fn set_path<B>(req: &mut Request<B>, path: &str) -> Result<(), http::Error> {
     Ok(())
 }
 
-impl Shared {
+impl LayerSettings {
     /// The key `req`'s route is found by, from its canonical path; under
     /// [`NonCanonicalPaths::Normalize`] the canonical path replaces the request's.
     fn route_path<B>(&self, req: &mut Request<B>) -> Result<String, PathError> {
@@ -322,7 +311,7 @@ impl Shared {
         // canonical path.
         let path = match self.route_path(&mut req) {
             Ok(path) => path,
-            Err(e) => return (req, Gate::Answer(Problem::invalid_path(e.to_string()), HeaderMap::new())),
+            Err(e) => return (req, Gate::Answer(Problem::invalid("path", e.to_string()), HeaderMap::new())),
         };
         if self.exempt_preflight && is_preflight(&req) {
             return (req, Gate::Pass);
@@ -351,23 +340,20 @@ impl Shared {
             Ok(key) => key,
             Err((e, rejection)) => {
                 tracing::debug!(error = %e, policy = %policy.name, "rate-limit key unreadable");
-                return Gate::Answer(
-                    Problem::key_refused(rejection.status(), e.to_string()),
-                    HeaderMap::new(),
-                );
+                return Gate::Answer(key_refused(rejection.status(), e.to_string()), HeaderMap::new());
             }
         };
-        let verdict = match self.limiter.check(&limiter_key(&policy.name, &key), policy, 1).await {
+        let verdict = match self.limiter.check(&policy_key(&policy.name, &key), policy, 1).await {
             Ok(v) => v,
             Err(LimitError::Unavailable(e)) => {
                 let mut headers = HeaderMap::new();
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(1));
                 let detail = format!("{e}; the failure policy is closed, so no request is admitted");
-                return Gate::Answer(Problem::unavailable(detail), headers);
+                return Gate::Answer(backend_unavailable(detail), headers);
             }
             Err(e) => {
                 tracing::error!(error = %e, policy = %policy.name, "rate-limit check refused its input");
-                return Gate::Answer(Problem::internal(), HeaderMap::new());
+                return Gate::Answer(misconfigured(), HeaderMap::new());
             }
         };
         let mut headers = HeaderMap::new();
@@ -418,7 +404,7 @@ where
                     Ok(response)
                 }
                 Gate::Answer(problem, headers) => {
-                    let mut response = problem.into_response(grpc, headers);
+                    let mut response = answer(problem, grpc, headers);
                     if let Some(cors) = &shared.cors {
                         cors.apply(response.headers_mut(), origin.as_ref());
                     }

@@ -2,12 +2,11 @@
 //! CORS headers so a browser app can read them.
 
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
-use serde::Serialize;
+pub(crate) use tollgate_http::Problem;
+use tollgate_http::headers::RATE_LIMIT_HEADERS;
+use tollgate_http::problem::PROBLEM_JSON;
 
 use crate::ResponseBody;
-use crate::headers::RATE_LIMIT_HEADERS;
-
-const API_DOCS: &str = "https://github.com/tollgate-rs/tollgate/blob/main/docs/api.md#";
 
 /// Which origins a layer's own answers (429, and its 400, 401 and 503) allow to read them.
 /// Without it, a browser hides a 429 from the page's script behind a CORS error, because the
@@ -69,116 +68,52 @@ impl Cors {
     }
 }
 
-/// An RFC 9457 problem.
-#[derive(Debug, Serialize)]
-pub(crate) struct Problem {
-    #[serde(rename = "type")]
-    kind: String,
-    title: &'static str,
-    status: u16,
-    detail: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    policy: Option<String>,
-    /// The request part at fault, as the server's problems name it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    field: Option<&'static str>,
-    #[serde(skip)]
-    grpc_status: u8,
+/// 400 or 401: the layer cannot read the request's key (by the key's [`Rejection`](crate::Rejection)).
+pub(crate) fn key_refused(status: StatusCode, detail: String) -> Problem {
+    if status == StatusCode::UNAUTHORIZED {
+        Problem::unauthorized(detail)
+    } else {
+        Problem::new(status, "invalid-request", "Invalid request", detail)
+    }
 }
 
-impl Problem {
-    pub(crate) fn rate_limited(policy: &str, retry_after_secs: u64) -> Self {
-        Problem {
-            // The problem type's own entry, not the layer's README section: the same answer
-            // comes from `tollgate proxy`, whose clients never saw the layer.
-            kind: format!("{API_DOCS}rate-limited"),
-            title: "Too many requests",
-            status: 429,
-            detail: format!("the rate limit of policy {policy:?} is reached; retry in {retry_after_secs} s"),
-            policy: Some(policy.to_owned()),
-            field: None,
-            grpc_status: 8, // RESOURCE_EXHAUSTED
-        }
-    }
+/// 500: a layer whose policy the limiter refuses (a bug in the app's setup, not the client's).
+pub(crate) fn misconfigured() -> Problem {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "Internal error",
+        "the rate limiter is misconfigured; see the service's logs",
+    )
+}
 
-    /// A request path that is refused, or not canonical under `NonCanonicalPaths::Reject`.
-    pub(crate) fn invalid_path(detail: String) -> Self {
-        Problem {
-            kind: format!("{API_DOCS}invalid-request"),
-            title: "Invalid request",
-            status: 400,
-            detail,
-            policy: None,
-            field: Some("path"),
-            grpc_status: 3, // INVALID_ARGUMENT
-        }
-    }
+/// 503: the backend failed under a closed failure policy. `Retry-After`, if any, is the
+/// decision's, among the headers [`answer`] is given.
+pub(crate) fn backend_unavailable(detail: String) -> Problem {
+    Problem { retry_after: None, ..Problem::unavailable(detail) }
+}
 
-    pub(crate) fn key_refused(status: StatusCode, detail: String) -> Self {
-        let (slug, title, grpc_status) = if status == StatusCode::UNAUTHORIZED {
-            ("unauthorized", "Unauthorized", 16) // UNAUTHENTICATED
-        } else {
-            ("invalid-request", "Invalid request", 3) // INVALID_ARGUMENT
-        };
-        Problem {
-            kind: format!("{API_DOCS}{slug}"),
-            title,
-            status: status.as_u16(),
-            detail,
-            policy: None,
-            field: None,
-            grpc_status,
+/// The answer to a request the layer refuses: problem+json, or under gRPC a trailers-only
+/// response (HTTP 200, the status in `grpc-status` and `grpc-message`). `headers` (rate-limit
+/// headers, `Retry-After`) go on either; gRPC carries them as metadata.
+pub(crate) fn answer<B>(problem: Problem, grpc: bool, headers: HeaderMap) -> Response<ResponseBody<B>> {
+    let mut response = if grpc {
+        let mut r = Response::new(ResponseBody::full(bytes::Bytes::new()));
+        let h = r.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        h.insert("grpc-status", HeaderValue::from(u16::from(problem.grpc_code())));
+        if let Ok(message) = HeaderValue::try_from(grpc_message(&problem.detail)) {
+            h.insert("grpc-message", message);
         }
-    }
-
-    pub(crate) fn unavailable(detail: String) -> Self {
-        Problem {
-            kind: format!("{API_DOCS}backend-unavailable"),
-            title: "Rate-limit backend unavailable",
-            status: 503,
-            detail,
-            policy: None,
-            field: None,
-            grpc_status: 14, // UNAVAILABLE
-        }
-    }
-
-    pub(crate) fn internal() -> Self {
-        Problem {
-            kind: format!("{API_DOCS}internal"),
-            title: "Internal error",
-            status: 500,
-            detail: "the rate limiter is misconfigured; see the service's logs".into(),
-            policy: None,
-            field: None,
-            grpc_status: 13, // INTERNAL
-        }
-    }
-
-    /// The answer: problem+json, or under gRPC a trailers-only response (HTTP 200, the status in
-    /// `grpc-status` and `grpc-message`). `headers` (rate-limit headers, `Retry-After`) go on
-    /// either; gRPC carries them as metadata.
-    pub(crate) fn into_response<B>(self, grpc: bool, headers: HeaderMap) -> Response<ResponseBody<B>> {
-        let mut response = if grpc {
-            let mut r = Response::new(ResponseBody::full(bytes::Bytes::new()));
-            let h = r.headers_mut();
-            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-            h.insert("grpc-status", HeaderValue::from(u16::from(self.grpc_status)));
-            if let Ok(message) = HeaderValue::try_from(grpc_message(&self.detail)) {
-                h.insert("grpc-message", message);
-            }
-            r
-        } else {
-            let body = serde_json::to_vec(&self).unwrap_or_default();
-            let mut r = Response::new(ResponseBody::full(body));
-            *r.status_mut() = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            r.headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-            r
-        };
-        response.headers_mut().extend(headers);
-        response
-    }
+        r
+    } else {
+        let mut r = Response::new(ResponseBody::full(problem.to_json()));
+        *r.status_mut() = problem.status_code();
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        r
+    };
+    response.headers_mut().extend(headers);
+    response
 }
 
 /// gRPC's `grpc-message`: percent-encoded outside printable ASCII (and `%` itself).

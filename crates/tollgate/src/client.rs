@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::Subcommand;
 use serde_json::Value;
 use tollgate_store::PolicyInput;
@@ -99,6 +99,24 @@ pub(crate) enum ConsumerCommand {
     },
 }
 
+/// Why a management request failed.
+#[derive(Debug, thiserror::Error)]
+enum ClientError {
+    /// The server could not be reached.
+    #[error("cannot reach {url}")]
+    Unreachable {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The answer could not be read.
+    #[error(transparent)]
+    Read(reqwest::Error),
+    /// The server refused, with a problem's `detail` and the ` (field ...)` it names.
+    #[error("{status}: {detail}{field}")]
+    Status { status: reqwest::StatusCode, detail: String, field: String },
+}
+
 struct Client {
     http: reqwest::Client,
     remote: Remote,
@@ -116,7 +134,7 @@ impl Client {
         path: &str,
         body: Option<&Value>,
         if_match: Option<i64>,
-    ) -> anyhow::Result<Value> {
+    ) -> Result<Value, ClientError> {
         let url = format!("{}{path}", self.remote.server.trim_end_matches('/'));
         let mut req = self.http.request(method, &url).bearer_auth(&self.remote.token);
         if let Some(body) = body {
@@ -125,9 +143,9 @@ impl Client {
         if let Some(version) = if_match {
             req = req.header("if-match", format!("\"{version}\""));
         }
-        let response = req.send().await.with_context(|| format!("cannot reach {url}"))?;
+        let response = req.send().await.map_err(|source| ClientError::Unreachable { url, source })?;
         let status = response.status();
-        let text = response.text().await?;
+        let text = response.text().await.map_err(ClientError::Read)?;
         let value: Value = if text.is_empty() {
             Value::Null
         } else {
@@ -140,7 +158,7 @@ impl Client {
                 .and_then(Value::as_str)
                 .map(|f| format!(" (field {f})"))
                 .unwrap_or_default();
-            bail!("{status}: {detail}{field}");
+            return Err(ClientError::Status { status, detail: detail.to_owned(), field });
         }
         Ok(value)
     }
@@ -202,13 +220,13 @@ pub(crate) async fn policy(remote: Remote, command: PolicyCommand) -> anyhow::Re
                         client.send(Method::PUT, &path, Some(&body), version).await?;
                         eprintln!("updated policy {name:?}");
                     }
-                    Err(e) if e.to_string().starts_with("404") => {
+                    Err(ClientError::Status { status: reqwest::StatusCode::NOT_FOUND, .. }) => {
                         let mut body = body;
                         body["name"] = Value::String(name.clone());
                         client.send(Method::POST, "/v1/admin/policies", Some(&body), None).await?;
                         eprintln!("created policy {name:?}");
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 }
             }
             Ok(())

@@ -44,7 +44,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::{Instant, Sleep};
-use tollgate_server::Problem;
+use tollgate_http::Problem;
 use tower::ServiceExt as _;
 
 /// While connections wait for a slot, how often idle ones are asked again to close.
@@ -481,14 +481,12 @@ fn declared_length(headers: &axum::http::HeaderMap) -> Option<u64> {
 
 /// 408, for a body that did not arrive in time; the connection is closed after it.
 fn request_timeout(after: Duration) -> Response<Body> {
-    let problem = Problem {
-        kind: "https://github.com/tollgate-rs/tollgate/blob/main/docs/api.md#request-timeout".into(),
-        title: "Request timeout",
-        status: StatusCode::REQUEST_TIMEOUT.as_u16(),
-        detail: format!("the request body did not arrive within {after:?} ([server] body_timeout)"),
-        field: None,
-        retry_after: None,
-    };
+    let problem = Problem::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "request-timeout",
+        "Request timeout",
+        format!("the request body did not arrive within {after:?} ([server] body_timeout)"),
+    );
     let mut response = problem.into_response();
     response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     response

@@ -1,6 +1,8 @@
-//! The `tollgate` command: `serve` runs the HTTP decision service, `check-config` validates a
-//! configuration file. Wires the crates together (config, backend, limiter, server) and owns
-//! the process: logging, signals, reloading.
+//! The `tollgate` command: `serve` (the HTTP decision API, Envoy's gRPC service and its `/json`
+//! route), `proxy` (a rate-limiting reverse proxy), `bench` and `simulate` (load and algorithm
+//! comparisons), `check-config`, and the management clients `token`, `policy` and `consumer`.
+//! Wires the crates together (config, backend, limiter, server, envoy, tower) and owns the
+//! process: logging, signals, reloading.
 
 mod bench;
 mod client;

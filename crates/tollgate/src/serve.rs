@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tollgate_config::{BackendKind, Config};
 use tollgate_core::{Backend, MemoryBackend};
+use tollgate_http::extract::MAX_BODY_BYTES;
 use tollgate_limiter::Limiter;
 use tollgate_redis::RedisBackend;
 use tollgate_server::AppState;
@@ -75,12 +76,13 @@ fn warn_of_large_policies(config: &Config) {
     }
 }
 
+/// The configured backend, and its name (the limiter's metrics label).
 pub(crate) fn backend(config: &Config) -> anyhow::Result<(Arc<dyn Backend>, &'static str)> {
     let b = &config.backend;
-    Ok(match b.kind {
+    let backend: Arc<dyn Backend> = match b.kind {
         BackendKind::Memory => {
             let memory = MemoryBackend::builder().max_keys(config.memory.max_keys).build()?;
-            (Arc::new(memory), "memory")
+            Arc::new(memory)
         }
         BackendKind::Redis => {
             let url = b.url.as_deref().context("backend.kind = \"redis\" needs backend.url")?;
@@ -92,9 +94,10 @@ pub(crate) fn backend(config: &Config) -> anyhow::Result<(Arc<dyn Backend>, &'st
                 .deny_cache(b.deny_cache)
                 .build()
                 .context("cannot configure the Redis backend")?;
-            (Arc::new(redis), "redis")
+            Arc::new(redis)
         }
-    })
+    };
+    Ok((backend, b.kind.as_str()))
 }
 
 pub(crate) async fn shutdown_signal() {
@@ -121,7 +124,35 @@ pub(crate) async fn shutdown_signal() {
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // rediss:// needs a TLS crypto provider; ring builds with a C compiler alone.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = load_config(&args)?;
+    init_logging(args.json_logs || config.server.json_logs);
+    warn_of_large_policies(&config);
 
+    let listen = config.server.listen;
+    let limits = crate::listen::Limits::from_config(&config.server, Some(MAX_BODY_BYTES));
+    let limiter = start_limiter(&config).await?;
+    let state = open_state(&args, limiter, config).await?;
+    let _watcher = args.config.as_ref().map(|path| watch_config(path, &state)).transpose()?;
+
+    let listener = bind_listener(listen).with_context(|| format!("cannot listen on {listen}"))?;
+    let policies: Vec<String> = state.config().policies.iter().map(|(n, _)| n.to_owned()).collect();
+    tracing::info!(
+        address = %listener.local_addr()?, backend = state.limiter().backend_name(),
+        config = %args.config.as_ref().map_or("builtin".into(), |p| p.display().to_string()),
+        database = %redact(&args.database.url),
+        policies = ?policies, "tollgate is listening"
+    );
+
+    let envoy = start_envoy(&args, state.limiter().clone())?;
+    let _envoy_watcher = args.envoy_config.as_ref().map(|path| watch_envoy(path, &envoy)).transpose()?;
+    serve_grpc(&args, envoy.clone(), crate::listen::Limits { max_body: None, ..limits }).await?;
+    let app = tollgate_server::router_with(state, tollgate_envoy::json::router(envoy));
+    serve_http(listener, app, limits).await;
+    Ok(())
+}
+
+/// The configuration file (or the built-in one) with the command line's overrides.
+fn load_config(args: &ServeArgs) -> anyhow::Result<Config> {
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::builtin(),
@@ -132,92 +163,99 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(url) = &args.redis {
         config.backend.use_redis(url.clone())?;
     }
-    init_logging(args.json_logs || config.server.json_logs);
-    warn_of_large_policies(&config);
+    Ok(config)
+}
 
+/// The limiter over the configured backend, with the metrics recorder installed first so the
+/// metrics it records at startup are kept. A Redis that does not answer yet is logged, not fatal.
+async fn start_limiter(config: &Config) -> anyhow::Result<Limiter> {
     tollgate_server::prometheus();
-    let (backend, backend_name) = backend(&config)?;
+    let (backend, backend_name) = backend(config)?;
     let limiter = Limiter::new(backend, backend_name, config.limiter_settings());
-    if backend_name == "redis"
+    if config.backend.kind == BackendKind::Redis
         && let Err(e) = limiter.ping().await
     {
         tracing::warn!(error = %e, on_failure = limiter.failure_policy().as_str(),
             "Redis does not answer yet; decisions follow the failure policy until it does");
     }
-    let listen = config.server.listen;
-    let limits = crate::listen::Limits::from_config(&config.server, Some(tollgate_server::MAX_BODY_BYTES));
-    let grpc_limits = crate::listen::Limits { max_body: None, ..limits };
-    let startup = config.clone();
+    Ok(limiter)
+}
+
+/// The server's state over the policy database, whose changes are then polled for.
+async fn open_state(args: &ServeArgs, limiter: Limiter, config: Config) -> anyhow::Result<AppState> {
     let store = tollgate_store::Store::connect(&args.database.url)
         .await
         .with_context(|| format!("cannot open the policy database {}", redact(&args.database.url)))?;
     let state =
         AppState::new(limiter, config).with_store(store).await.context("cannot load stored policies")?;
+    // Detached: it polls for the life of the process.
     let _sync = state.spawn_policy_sync(POLICY_POLL);
+    Ok(state)
+}
 
-    let _watcher = match &args.config {
-        Some(path) => {
-            let state = state.clone();
-            let watcher = tollgate_config::watch(path, move |result| match result {
-                Ok(new) => {
-                    if new.server.listen != startup.server.listen
-                        || new.server.connections != startup.server.connections
-                        || new.backend.kind != startup.backend.kind
-                        || new.backend.url != startup.backend.url
-                        || new.memory != startup.memory
-                    {
-                        tracing::warn!(
-                            "server.listen, the connection bounds, [backend] and [memory] changes take \
-                             effect at the next restart"
-                        );
-                    }
-                    let names: Vec<&str> = new.policies.iter().map(|(n, _)| n).collect();
-                    tracing::info!(policies = ?names, "configuration reloaded");
-                    warn_of_large_policies(&new);
-                    state.replace_config(new);
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "configuration reload refused; the last good configuration stays")
-                }
-            })
-            .context("cannot watch the configuration file")?;
-            Some(watcher)
+/// Reloads the configuration file into `state` when it changes; what only a restart applies is
+/// logged.
+fn watch_config(path: &std::path::Path, state: &AppState) -> anyhow::Result<tollgate_config::Watcher> {
+    let (state, startup) = (state.clone(), state.config());
+    tollgate_config::watch(path, move |result| match result {
+        Ok(new) => {
+            if new.server.listen != startup.server.listen
+                || new.server.connections != startup.server.connections
+                || new.backend.kind != startup.backend.kind
+                || new.backend.url != startup.backend.url
+                || new.memory != startup.memory
+            {
+                tracing::warn!(
+                    "server.listen, the connection bounds, [backend] and [memory] changes take \
+                     effect at the next restart"
+                );
+            }
+            let names: Vec<&str> = new.policies.iter().map(|(n, _)| n).collect();
+            tracing::info!(policies = ?names, "configuration reloaded");
+            warn_of_large_policies(&new);
+            state.replace_config(new);
         }
-        None => None,
-    };
+        Err(e) => {
+            tracing::error!(error = %e, "configuration reload refused; the last good configuration stays")
+        }
+    })
+    .context("cannot watch the configuration file")
+}
 
-    let listener = bind_listener(listen).with_context(|| format!("cannot listen on {listen}"))?;
-    let policies: Vec<String> = state.config().policies.iter().map(|(n, _)| n.to_owned()).collect();
-    tracing::info!(
-        address = %listener.local_addr()?, backend = backend_name,
-        config = %args.config.as_ref().map_or("builtin".into(), |p| p.display().to_string()),
-        database = %redact(&args.database.url),
-        policies = ?policies, "tollgate is listening"
-    );
-
+/// The Envoy rate-limit service over `limiter`, with the domains of `--envoy-config` (none
+/// without it).
+fn start_envoy(args: &ServeArgs, limiter: Limiter) -> anyhow::Result<tollgate_envoy::EnvoyService> {
     let domains = match &args.envoy_config {
         Some(path) => tollgate_envoy::load(path)?,
         None => Vec::new(),
     };
-    let envoy = tollgate_envoy::EnvoyService::new(state.limiter().clone(), domains)
-        .with_response_headers(args.envoy_response_headers);
-    let state = state.with_envoy(envoy.clone());
-    let _envoy_watcher = match &args.envoy_config {
-        Some(path) => {
-            let (path, service) = (path.clone(), envoy.clone());
-            let watcher = tollgate_config::watch_path(&path.clone(), move || match tollgate_envoy::load(&path) {
-                Ok(domains) => {
-                    let names: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
-                    tracing::info!(domains = ?names, "Envoy configuration reloaded");
-                    service.replace_domains(domains);
-                }
-                Err(e) => tracing::error!(error = %e, "Envoy configuration reload refused; the last good one stays"),
-            })
-            .context("cannot watch the Envoy configuration")?;
-            Some(watcher)
+    Ok(tollgate_envoy::EnvoyService::new(limiter, domains).with_response_headers(args.envoy_response_headers))
+}
+
+/// Reloads the Envoy domains of `path` into `service` when they change.
+fn watch_envoy(
+    path: &std::path::Path,
+    service: &tollgate_envoy::EnvoyService,
+) -> anyhow::Result<tollgate_config::Watcher> {
+    let (path, service) = (path.to_owned(), service.clone());
+    tollgate_config::watch_path(&path.clone(), move || match tollgate_envoy::load(&path) {
+        Ok(domains) => {
+            let names: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
+            tracing::info!(domains = ?names, "Envoy configuration reloaded");
+            service.replace_domains(domains);
         }
-        None => None,
-    };
+        Err(e) => tracing::error!(error = %e, "Envoy configuration reload refused; the last good one stays"),
+    })
+    .context("cannot watch the Envoy configuration")
+}
+
+/// Serves the Envoy rate-limit service and the standard gRPC health service on
+/// `--grpc-listen`, in the background.
+async fn serve_grpc(
+    args: &ServeArgs,
+    envoy: tollgate_envoy::EnvoyService,
+    limits: crate::listen::Limits,
+) -> anyhow::Result<()> {
     let grpc_listener = bind_listener(args.grpc_listen)
         .with_context(|| format!("cannot listen on {} (gRPC)", args.grpc_listen))?;
     tracing::info!(address = %grpc_listener.local_addr()?, "Envoy rate-limit service (gRPC) is listening");
@@ -230,10 +268,15 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let grpc = tonic::service::Routes::new(health_service)
         .add_service(tollgate_envoy::EnvoyServer::new(envoy))
         .into_axum_router();
-    tokio::spawn(crate::listen::serve(grpc_listener, grpc, grpc_limits, std::future::pending()));
+    tokio::spawn(crate::listen::serve(grpc_listener, grpc, limits, std::future::pending()));
+    Ok(())
+}
 
+/// Serves `app` on `listener` until a signal, then lets requests in flight finish for up to
+/// [`SHUTDOWN_GRACE`].
+async fn serve_http(listener: tokio::net::TcpListener, app: axum::Router, limits: crate::listen::Limits) {
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = crate::listen::serve(listener, tollgate_server::router(state), limits, async move {
+    let server = crate::listen::serve(listener, app, limits, async move {
         shutdown_signal().await;
         tracing::info!("shutting down: no new connections; finishing requests in flight");
         let _ = signalled_tx.send(());
@@ -245,5 +288,4 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         } => tracing::warn!("requests still in flight after {SHUTDOWN_GRACE:?}; stopping anyway"),
     }
-    Ok(())
 }

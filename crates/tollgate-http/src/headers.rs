@@ -1,21 +1,38 @@
-//! Rate-limit response headers, as the server writes them: the de-facto `X-RateLimit-*` trio,
-//! `Retry-After`, and the IETF draft's `RateLimit-Policy` and `RateLimit` structured fields, one
-//! item per rule. `tollgate-server` writes the same ones, from here.
+//! Rate-limit response headers: the de-facto `X-RateLimit-*` trio, `Retry-After`, and the IETF
+//! draft's (draft-ietf-httpapi-ratelimit-headers) `RateLimit-Policy` and `RateLimit` structured
+//! fields, one item per rule. The server and the tower layer both write them from here.
 
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName, HeaderValue, header};
-use tollgate_config::ResetHeader;
+use serde::{Deserialize, Serialize};
 use tollgate_core::{Decision, Rule, RuleKind, RuleSet};
 
-/// The headers this crate writes, for `Access-Control-Expose-Headers`.
+/// How `X-RateLimit-Reset` is written (`[server] reset_header` in the configuration).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResetHeader {
+    /// Seconds until the reset, rounded up (the IETF drafts' meaning).
+    #[default]
+    Delta,
+    /// The reset as Unix epoch seconds (GitHub's meaning).
+    Epoch,
+}
+
+/// The headers [`rate_limit_headers`] writes, for `Access-Control-Expose-Headers`.
 pub const RATE_LIMIT_HEADERS: &str =
     "retry-after, x-ratelimit-limit, x-ratelimit-remaining, x-ratelimit-reset, ratelimit-policy, ratelimit";
 
 /// Whole seconds in `d`, rounded up: a client told 0 would retry at once.
 pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// Whole milliseconds in `d`, rounded up (the JSON bodies' `*_ms` fields).
+pub fn ceil_millis(d: Duration) -> u64 {
+    let ms = d.as_millis();
+    u64::try_from(ms + u128::from(!d.as_nanos().is_multiple_of(1_000_000))).unwrap_or(u64::MAX)
 }
 
 /// The name a rule is reported under: its own, or its algorithm and position.
@@ -134,5 +151,48 @@ mod tests {
         assert_eq!(h["x-ratelimit-remaining"], "0");
         assert_eq!(h["retry-after"], "1");
         assert_eq!(ceil_secs(Duration::from_millis(1001)), 2);
+    }
+
+    #[test]
+    fn rounding_is_up() {
+        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_millis(Duration::from_micros(1)), 1);
+        assert_eq!(ceil_millis(Duration::from_micros(2001)), 3);
+    }
+
+    #[test]
+    fn one_item_per_rule_and_retry_after_at_least_one() {
+        let rules = RuleSet::new([
+            Rule::fixed_window(2, Period::SECOND).named("sec\"ond"),
+            Rule::token_bucket(10, 5, Period::SECOND),
+            Rule::concurrency(3, Period::MINUTE),
+        ])
+        .unwrap();
+        let backend = MemoryBackend::with_clock(ManualClock::at_wall_clock_second());
+        let mut d = backend.execute_now("k", &rules, Operation::Check { cost: 0 }).unwrap();
+        for _ in 0..3 {
+            d = backend
+                .execute_now(
+                    "k",
+                    &rules,
+                    Operation::Acquire { cost: 1, lease: &tollgate_core::LeaseId::random() },
+                )
+                .unwrap();
+        }
+        assert!(!d.allowed());
+        let mut h = HeaderMap::new();
+        rate_limit_headers(&mut h, &rules, &d, ResetHeader::Delta, true);
+        assert_eq!(
+            h["ratelimit-policy"],
+            r#""sec\"ond";q=2;w=1, "token_bucket.1";q=10;w=2, "concurrency.2";q=3"#
+        );
+        assert_eq!(
+            h["ratelimit"],
+            r#""sec\"ond";r=0;t=1, "token_bucket.1";r=8;t=1, "concurrency.2";r=1;t=60"#
+        );
+        assert_eq!(h["x-ratelimit-remaining"], "0");
+        assert_eq!(h["retry-after"], "1");
     }
 }

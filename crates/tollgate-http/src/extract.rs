@@ -1,224 +1,19 @@
-//! Errors as RFC 9457 `application/problem+json`, and the JSON body extractor that turns every
-//! malformed request into one, naming the offending field.
+//! Request extractors for axum that answer every malformed request with a [`Problem`]
+//! (RFC 9457) naming the offending field: JSON bodies, path parameters and query strings.
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
-use utoipa::ToSchema;
 
-/// Where the problem types are documented (`docs/api.md`, one heading per type).
-const TYPE_BASE: &str = "https://github.com/tollgate-rs/tollgate/blob/main/docs/api.md#";
-
-/// An error answer (RFC 9457).
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Problem {
-    /// A URI naming the kind of problem.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// A short summary of the kind of problem.
-    pub title: &'static str,
-    /// The HTTP status code.
-    pub status: u16,
-    /// What is wrong with this request.
-    pub detail: String,
-    /// The request field at fault, as a path like `limits[0].period`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub field: Option<String>,
-    /// For 503s: seconds to wait before retrying.
-    #[serde(skip)]
-    pub retry_after: Option<u64>,
-}
-
-impl Problem {
-    fn new(status: StatusCode, slug: &str, title: &'static str, detail: impl Into<String>) -> Self {
-        Problem {
-            kind: format!("{TYPE_BASE}{slug}"),
-            title,
-            status: status.as_u16(),
-            detail: detail.into(),
-            field: None,
-            retry_after: None,
-        }
-    }
-
-    /// 400: a field's value is not acceptable.
-    pub fn invalid(field: impl Into<String>, detail: impl Into<String>) -> Self {
-        let mut p = Self::new(StatusCode::BAD_REQUEST, "invalid-request", "Invalid request", detail);
-        p.field = Some(field.into());
-        p
-    }
-
-    /// 400: inline rules whose state for one key could take more than the server's budget
-    /// (`[server] max_request_state`); `field` is where the rules are (`limits`, or `limit` for
-    /// an inline concurrency rule).
-    pub fn state_too_large(field: impl Into<String>, footprint: u64, budget: u64) -> Self {
-        let mut p = Self::new(
-            StatusCode::BAD_REQUEST,
-            "state-too-large",
-            "Inline rules could store too much",
-            format!(
-                "these inline rules could store up to {footprint} bytes of state per key, above this \
-                 server's budget of {budget} bytes ([server] max_request_state): sliding logs take \
-                 about {} bytes per unit of limit and concurrency rules {} per lease; lower the \
-                 limits, use sliding_window_counter or another constant-size algorithm, or name a \
-                 configured policy",
-                tollgate_core::footprint::LOG_ENTRY_BYTES,
-                tollgate_core::footprint::LEASE_BYTES,
-            ),
-        );
-        p.field = Some(field.into());
-        p
-    }
-
-    /// 403: this server takes no inline rules (`[server] inline_limits = false`); `field` is
-    /// where they were given.
-    pub fn inline_limits_disabled(field: impl Into<String>) -> Self {
-        let mut p = Self::new(
-            StatusCode::FORBIDDEN,
-            "inline-limits-disabled",
-            "Inline rules are disabled",
-            "this server applies only its configured policies ([server] inline_limits = false): \
-             name a policy instead of giving rules",
-        );
-        p.field = Some(field.into());
-        p
-    }
-
-    /// 400: the body is not JSON at all.
-    pub fn malformed(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "malformed-body", "Malformed JSON body", detail)
-    }
-
-    /// 404: no policy of that name.
-    pub fn unknown_policy(name: &str) -> Self {
-        let mut p = Self::new(
-            StatusCode::NOT_FOUND,
-            "unknown-policy",
-            "Unknown policy",
-            format!("there is no policy named {name:?}"),
-        );
-        p.field = Some("policy".into());
-        p
-    }
-
-    /// 404: no such route.
-    pub fn not_found(path: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", format!("no route for {path}"))
-    }
-
-    /// 405: the route exists, the method does not.
-    pub fn method_not_allowed() -> Self {
-        Self::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method-not-allowed",
-            "Method not allowed",
-            "this route does not accept that method; see /openapi.json",
-        )
-    }
-
-    /// 413: the body is larger than allowed.
-    pub fn too_large(max: usize) -> Self {
-        Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body-too-large",
-            "Body too large",
-            format!("the request body is larger than {max} bytes"),
-        )
-    }
-
-    /// 415: the body is not declared as JSON.
-    pub fn unsupported_media_type() -> Self {
-        Self::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported-media-type",
-            "Unsupported media type",
-            "send the body as JSON, with Content-Type: application/json",
-        )
-    }
-
-    /// 503: the backend failed and the failure policy is `closed`.
-    pub fn unavailable(detail: impl Into<String>) -> Self {
-        let mut p = Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "backend-unavailable",
-            "Rate-limit backend unavailable",
-            detail,
-        );
-        p.retry_after = Some(1);
-        p
-    }
-
-    /// 401: no token, or an unknown one.
-    pub fn unauthorized(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized", detail)
-    }
-
-    /// 403: the token's role or apps do not allow this.
-    pub fn forbidden(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, "forbidden", "Forbidden", detail)
-    }
-
-    /// 404: not found in the management API (a policy, a token).
-    pub fn no_such(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
-    }
-
-    /// 409: the name is taken, or the item is read-only.
-    pub fn conflict(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "conflict", "Conflict", detail)
-    }
-
-    /// 412: `If-Match` names a version that is no longer current.
-    pub fn stale(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::PRECONDITION_FAILED, "stale-version", "Stale version", detail)
-    }
-
-    /// 503: the policy database failed.
-    pub fn database_unavailable(detail: impl Into<String>) -> Self {
-        let mut p = Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "database-unavailable",
-            "Policy database unavailable",
-            detail,
-        );
-        p.retry_after = Some(1);
-        p
-    }
-
-    /// 500: a bug. Answered rather than dropping the connection.
-    pub fn internal() -> Self {
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "Internal error",
-            "an internal error occurred",
-        )
-    }
-}
-
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let retry_after = self.retry_after;
-        let body = serde_json::to_vec(&self).unwrap_or_default();
-        let mut response = (status, body).into_response();
-        let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-        if let Some(secs) = retry_after {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        response
-    }
-}
+use crate::Problem;
 
 /// A JSON body, deserialized with every error answered as a [`Problem`] naming its field.
 pub struct ApiJson<T>(pub T);
 
-/// The body limit, enforced by the router's `DefaultBodyLimit`.
+/// The JSON API's body limit (the server's and Envoy's `/json`), enforced by the router's
+/// `DefaultBodyLimit`.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 fn is_json(content_type: Option<&HeaderValue>) -> bool {
@@ -367,7 +162,7 @@ impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
 }
 
 /// Deserializes `bytes`, naming the field of the first error.
-pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     // serde's derived structs also read arrays, by position; a request is an object.
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
     if first.is_some_and(|b| *b != b'{') && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() {

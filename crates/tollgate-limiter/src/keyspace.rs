@@ -1,0 +1,122 @@
+//! The engine keys Tollgate builds for itself, owned here so that no two front ends can collide
+//! and a caller's key cannot reach into them: consumer and anonymous checks (the HTTP API),
+//! Envoy descriptors (the gRPC service), per-policy keys of the tower layer, and the one hash
+//! that shortens an over-long key or hides a secret.
+//!
+//! Keys already stored in a backend depend on these spellings: changing a prefix or the hash
+//! orphans every count kept under the old one.
+
+use std::fmt::{Display, Write as _};
+
+use sha2::{Digest, Sha256};
+use tollgate_core::limits::MAX_KEY_BYTES;
+
+/// A consumer's counts (`{"consumer": ...}` checks) are kept under this and its id.
+pub const CONSUMER_PREFIX: &str = "consumer:";
+/// An anonymous caller's counts (`{"anonymous_ip": ...}` checks), under this and its address.
+pub const ANONYMOUS_PREFIX: &str = "anonymous:";
+/// Every Envoy descriptor's key starts with this (`envoy:<domain>|key=value|...`) ...
+pub const ENVOY_PREFIX: &str = "envoy:";
+/// ... or, when that is too long, with this and the SHA-256 of it.
+pub const ENVOY_HASHED_PREFIX: &str = "envoy#";
+
+/// The prefixes of Tollgate's own keys. A caller's key may not start with one, so that no
+/// decision request can spend or reset those counts.
+pub const RESERVED_PREFIXES: [&str; 4] =
+    [CONSUMER_PREFIX, ANONYMOUS_PREFIX, ENVOY_PREFIX, ENVOY_HASHED_PREFIX];
+
+/// The reserved prefix `key` starts with, if any.
+pub fn reserved_prefix(key: &str) -> Option<&'static str> {
+    RESERVED_PREFIXES.iter().copied().find(|prefix| key.starts_with(prefix))
+}
+
+/// The key of a consumer's counts.
+pub fn consumer_key(consumer: &str) -> String {
+    format!("{CONSUMER_PREFIX}{consumer}")
+}
+
+/// The key of an anonymous caller's counts, by its address.
+pub fn anonymous_key(ip: impl Display) -> String {
+    format!("{ANONYMOUS_PREFIX}{ip}")
+}
+
+/// A descriptor's counting key: `k=v` pairs joined by `|`, with `%`, `|` and `=`
+/// percent-encoded so no two descriptors share a key. One longer than the engine's key bound
+/// (descriptors may hold 16 entries of 256-byte values) is replaced by its SHA-256.
+pub fn envoy_key(domain: &str, entries: &[(String, String)]) -> String {
+    let escape = |s: &str| s.replace('%', "%25").replace('|', "%7C").replace('=', "%3D");
+    let mut key = format!("{ENVOY_PREFIX}{}", escape(domain));
+    for (k, v) in entries {
+        key.push('|');
+        key.push_str(&escape(k));
+        key.push('=');
+        key.push_str(&escape(v));
+    }
+    if key.len() <= MAX_KEY_BYTES {
+        key
+    } else {
+        format!("{ENVOY_HASHED_PREFIX}{}", sha256_hex(key.as_bytes()))
+    }
+}
+
+/// A key scoped by a policy's name (`<policy>:<key>`), so that two policies with equal rules
+/// count separately; `<policy>:sha256:<hash of the whole>` when that would be too long.
+pub fn policy_key(policy: &str, key: &str) -> String {
+    let full = format!("{policy}:{key}");
+    if full.len() <= MAX_KEY_BYTES {
+        full
+    } else {
+        format!("{policy}:sha256:{}", sha256_hex(full.as_bytes()))
+    }
+}
+
+/// A secret (a header value, a bearer token) as it may appear in a key: the first 128 bits of
+/// its SHA-256, in hex. Secrets must not land in a backend, and a key has a bounded length.
+pub fn secret_digest(secret: &[u8]) -> String {
+    let mut hex = sha256_hex(secret);
+    hex.truncate(32);
+    hex
+}
+
+/// The SHA-256 of `bytes`, in lower-case hex: the one hash behind every shortened key.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(64);
+    for b in Sha256::digest(bytes) {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_keep_their_stored_spelling() {
+        assert_eq!(consumer_key("c1"), "consumer:c1");
+        assert_eq!(
+            anonymous_key("203.0.113.9".parse::<std::net::IpAddr>().unwrap()),
+            "anonymous:203.0.113.9"
+        );
+        assert_eq!(envoy_key("d", &[("k".into(), "a|b=c%".into())]), "envoy:d|k=a%7Cb%3Dc%25");
+        assert_eq!(policy_key("p", "k"), "p:k");
+        assert_eq!(sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(secret_digest(b"abc"), "ba7816bf8f01cfea414140de5dae2223");
+    }
+
+    #[test]
+    fn long_keys_are_hashed_within_the_bound() {
+        let long = "x".repeat(MAX_KEY_BYTES);
+        let envoy = envoy_key("d", &[("k".into(), long.clone())]);
+        assert!(envoy.starts_with(ENVOY_HASHED_PREFIX) && envoy.len() <= MAX_KEY_BYTES);
+        let scoped = policy_key("p", &long);
+        assert!(scoped.starts_with("p:sha256:") && scoped.len() <= MAX_KEY_BYTES);
+    }
+
+    #[test]
+    fn reserved_prefixes_are_found() {
+        assert_eq!(reserved_prefix("consumer:x"), Some(CONSUMER_PREFIX));
+        assert_eq!(reserved_prefix("envoy#abc"), Some(ENVOY_HASHED_PREFIX));
+        assert_eq!(reserved_prefix("user:1"), None);
+    }
+}
