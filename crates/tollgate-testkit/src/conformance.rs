@@ -600,6 +600,30 @@ pub async fn concurrency_partial_release(h: &Harness<impl Backend>) {
     assert_eq!(h.backend.acquire(&key, &rules, 5).await.unwrap().decision.remaining(), 0);
 }
 
+/// After a denial, `retry_after` is the first instant the same cost fits, for every
+/// algorithm: a microsecond earlier it is still refused (and told to wait that microsecond).
+pub async fn retry_after_is_the_first_admitting_instant(h: &Harness<impl Backend>) {
+    for rule in one_of_each(5, period("700ms")) {
+        let rules = set([rule.clone()]);
+        let key = h.key("retry-first");
+        for (round, cost) in [4u64, 3, 2, 5, 1, 4, 2, 2, 3, 5].into_iter().enumerate() {
+            let d = h.take(&key, &rules, cost).await;
+            if d.allowed() {
+                h.advance(ms(61));
+                continue;
+            }
+            let wait = d.retry_after();
+            assert!(wait > us(1), "{rule:?}, round {round}: {wait:?}");
+            h.advance(wait - us(1));
+            let d = h.take(&key, &rules, cost).await;
+            assert!(!d.allowed(), "{rule:?}, round {round}: admitted before {wait:?}");
+            assert_eq!(d.retry_after(), us(1), "{rule:?}, round {round}");
+            h.advance(us(1));
+            assert!(h.take(&key, &rules, cost).await.allowed(), "{rule:?}, round {round}");
+        }
+    }
+}
+
 /// Expands to one `#[tokio::test]` per conformance scenario, each on a fresh harness built by
 /// `make: FnOnce(ManualClock) -> impl Backend`.
 #[macro_export]
@@ -625,7 +649,8 @@ macro_rules! conformance_tests {
             batch_matches_single_checks,
             batch_bad_input_is_an_error,
             batch_bounds_are_inclusive,
-            concurrency_partial_release
+            concurrency_partial_release,
+            retry_after_is_the_first_admitting_instant
         );
     };
     (@each $make:expr; $($name:ident),*) => {
