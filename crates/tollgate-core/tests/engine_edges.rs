@@ -153,3 +153,20 @@ fn sweeps_never_change_a_decision() {
         }
     }
 }
+
+/// `is_empty` and `len` count the keys holding state, expired state included until a sweep.
+#[test]
+fn a_backend_counts_the_keys_it_holds() {
+    let (backend, clock) = backend();
+    assert!(backend.is_empty());
+    assert_eq!(backend.len(), 0);
+    let rules = set([Rule::fixed_window(3, Period::SECOND)]);
+    take(&backend, "a", &rules, 1);
+    take(&backend, "b", &rules, 1);
+    assert!(!backend.is_empty());
+    assert_eq!(backend.len(), 2);
+    clock.advance(ms(1000));
+    assert_eq!(backend.len(), 2, "expired, not yet swept");
+    assert_eq!(backend.sweep(), 0);
+    assert!(backend.is_empty());
+}
