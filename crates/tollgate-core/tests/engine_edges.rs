@@ -170,3 +170,19 @@ fn a_backend_counts_the_keys_it_holds() {
     assert_eq!(backend.sweep(), 0);
     assert!(backend.is_empty());
 }
+
+/// The cap holds exactly `max_keys` keys however it is split among the shards (here 1,001,
+/// which no power-of-two number of shards divides): once every shard is full, the backend
+/// holds `max_keys` keys, not one fewer or more.
+#[test]
+fn a_full_backend_holds_exactly_max_keys() {
+    let clock = ManualClock::at_wall_clock_second();
+    let backend = MemoryBackend::builder().clock(clock).max_keys(1_001).build().unwrap();
+    let rules = set([Rule::fixed_window(1, Period::HOUR)]);
+    // Keys land in shards by a seeded hash: 20,000 fill every shard many times over.
+    for i in 0..20_000 {
+        take(&backend, &format!("k{i}"), &rules, 1);
+    }
+    assert_eq!(backend.len(), 1_001);
+    assert_eq!(backend.evictions(), 20_000 - 1_001);
+}
