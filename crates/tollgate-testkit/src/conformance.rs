@@ -8,9 +8,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tollgate_core::limits::MAX_COUNT;
+use tollgate_core::limits::{MAX_BATCH_PARTS, MAX_COUNT};
 use tollgate_core::{
-    Backend, Clock, Decision, Error, KeyError, ManualClock, Part, Period, Rule, RuleSet, Timestamp,
+    Backend, Clock, Decision, Error, KeyError, Lease, ManualClock, Part, Period, Rule, RuleSet, Timestamp,
 };
 
 /// A backend and the clock it decides by.
@@ -545,6 +545,85 @@ pub async fn batch_bad_input_is_an_error(h: &Harness<impl Backend>) {
     assert_eq!(h.check(&key, &rules, 0).await.remaining(), 3, "nothing was consumed");
 }
 
+/// A batch's bounds are inclusive: the most parts a batch may hold, and a group asking one state
+/// for exactly what it holds, are accepted; a group's demand on a state adds up over all its
+/// parts naming that state (not only the first two), and only theirs: parts of other keys
+/// under the same rule ask their own states.
+pub async fn batch_bounds_are_inclusive(h: &Harness<impl Backend>) {
+    let rules = set([Rule::fixed_window(4, Period::MINUTE)]);
+    let key = h.key("batch-bounds");
+    let d = h.batch(&[Part::new(&key, &rules, 2), Part::new(&key, &rules, 2)]).await;
+    assert_eq!(allowed(&d), [true, true], "2 + 2 of 4 fit");
+    assert_eq!(remaining(&d), [0, 0]);
+
+    let key = h.key("batch-three");
+    let three = [Part::new(&key, &rules, 2), Part::new(&key, &rules, 1), Part::new(&key, &rules, 2)];
+    match h.backend.check_batch(&three).await {
+        Err(Error::InPart { part: 2, error }) => {
+            assert!(matches!(*error, Error::CostExceedsCapacity { cost: 5, capacity: 4, .. }), "{error:?}")
+        }
+        other => panic!("2 + 1 + 2 asked of 4: {other:?}"),
+    }
+    assert_eq!(h.check(&key, &rules, 0).await.remaining(), 4, "nothing was consumed");
+
+    let (a, b) = (h.key("batch-a"), h.key("batch-b"));
+    let d = h.batch(&[Part::new(&a, &rules, 3), Part::new(&b, &rules, 3)]).await;
+    assert_eq!(allowed(&d), [true, true], "two keys, one rule: 3 of 4 each");
+    assert_eq!(remaining(&d), [1, 1]);
+
+    let keys: Vec<String> = (0..MAX_BATCH_PARTS).map(|_| h.key("batch-most")).collect();
+    let most: Vec<Part<'_>> = keys.iter().map(|k| Part::new(k, &rules, 1)).collect();
+    let d = h.batch(&most).await;
+    assert_eq!(d.len(), MAX_BATCH_PARTS);
+    assert!(d.iter().all(|d| d.allowed() && d.remaining() == 3));
+}
+
+/// A release may give back part of a lease (never more than it holds); a lease given back
+/// whole is gone, and with nothing held the rule is full and resets now.
+pub async fn concurrency_partial_release(h: &Harness<impl Backend>) {
+    let rules = set([Rule::concurrency(5, period("10s"))]);
+    let key = h.key("cc-part");
+    let three = h.backend.acquire(&key, &rules, 3).await.unwrap().lease.expect("a lease");
+    h.advance(ms(1000));
+    let one = h.backend.acquire(&key, &rules, 1).await.unwrap().lease.expect("a lease");
+    let part = Lease { id: three.id.clone(), units: 2 };
+    let d = h.backend.release(&key, &rules, &part).await.unwrap();
+    assert_eq!((d.remaining(), d.reset_after()), (3, ms(10_000)), "1 + 1 held");
+    let d = h.check(&key, &rules, 0).await;
+    assert_eq!(d.remaining(), 3, "the lease holds 1 unit now");
+    let d = h.backend.release(&key, &rules, &three).await.unwrap();
+    assert_eq!(d.remaining(), 4, "only the unit left was given back");
+    let d = h.backend.release(&key, &rules, &one).await.unwrap();
+    assert_eq!((d.remaining(), d.reset_after()), (5, Duration::ZERO));
+    // Both leases are gone: releasing them again changes nothing.
+    h.backend.release(&key, &rules, &three).await.unwrap();
+    assert_eq!(h.backend.acquire(&key, &rules, 5).await.unwrap().decision.remaining(), 0);
+}
+
+/// After a denial, `retry_after` is the first instant the same cost fits, for every
+/// algorithm: a microsecond earlier it is still refused (and told to wait that microsecond).
+pub async fn retry_after_is_the_first_admitting_instant(h: &Harness<impl Backend>) {
+    for rule in one_of_each(5, period("700ms")) {
+        let rules = set([rule.clone()]);
+        let key = h.key("retry-first");
+        for (round, cost) in [4u64, 3, 2, 5, 1, 4, 2, 2, 3, 5].into_iter().enumerate() {
+            let d = h.take(&key, &rules, cost).await;
+            if d.allowed() {
+                h.advance(ms(61));
+                continue;
+            }
+            let wait = d.retry_after();
+            assert!(wait > us(1), "{rule:?}, round {round}: {wait:?}");
+            h.advance(wait - us(1));
+            let d = h.take(&key, &rules, cost).await;
+            assert!(!d.allowed(), "{rule:?}, round {round}: admitted before {wait:?}");
+            assert_eq!(d.retry_after(), us(1), "{rule:?}, round {round}");
+            h.advance(us(1));
+            assert!(h.take(&key, &rules, cost).await.allowed(), "{rule:?}, round {round}");
+        }
+    }
+}
+
 /// Expands to one `#[tokio::test]` per conformance scenario, each on a fresh harness built by
 /// `make: FnOnce(ManualClock) -> impl Backend`.
 #[macro_export]
@@ -568,7 +647,10 @@ macro_rules! conformance_tests {
             batch_is_all_or_nothing_across_keys,
             batch_sums_shared_states_and_orders_groups,
             batch_matches_single_checks,
-            batch_bad_input_is_an_error
+            batch_bad_input_is_an_error,
+            batch_bounds_are_inclusive,
+            concurrency_partial_release,
+            retry_after_is_the_first_admitting_instant
         );
     };
     (@each $make:expr; $($name:ident),*) => {
