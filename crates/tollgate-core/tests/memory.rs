@@ -1,4 +1,4 @@
-//! Memory-backend specifics: bounded memory under key churn (exactness under threads: tollgate-testkit's tests/memory.rs).
+//! Memory-backend specifics: bounded memory under key churn (exactness under threads: tollgate-testkit's tests/memory_conformance.rs).
 
 use std::time::Duration;
 
