@@ -1,95 +1,30 @@
 //! The tower layer over a real `tollgate serve` router through `RemoteBackend`: here, where both
 //! the layer and the server are dependencies, so that neither crate depends on the other.
 
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::Extension;
-use serde_json::Value;
 use tollgate_config::Config;
-use tollgate_core::{Backend, Period, Rule, RuleSet};
-use tollgate_limiter::{FailurePolicy, Limiter, LimiterSettings, Policy};
+use tollgate_core::Backend;
+use tollgate_limiter::{FailurePolicy, Limiter, LimiterSettings};
 use tollgate_server::AppState;
-use tollgate_tower::{RateLimitInfo, RemoteBackend, TollgateLayer};
+use tollgate_tower::{RemoteBackend, TollgateLayer};
+
+// The tower layer's own test helpers (an app answering `whoami`, clients from chosen
+// addresses, problem+json checks), shared rather than copied.
+#[path = "../../tollgate-tower/tests/common/mod.rs"]
+mod common;
+use common::*;
 
 fn settings(on_failure: FailurePolicy) -> LimiterSettings {
     // A long probe interval: the breaker stays open for the whole test.
     LimiterSettings { on_failure, probe_interval: Duration::from_secs(60), ..Default::default() }
 }
 
-fn limiter_over(backend: impl Backend + 'static, settings: LimiterSettings) -> Limiter {
-    Limiter::new(Arc::new(backend), "test", settings)
-}
-
-/// An enforced policy of `limit` a minute (a fixed window from the first hit, so the test never
-/// straddles a window's edge).
-fn per_minute(name: &str, limit: u64) -> Policy {
-    let rule = Rule::fixed_window_from_first_hit(limit, Period::MINUTE).named("minute");
-    Policy::enforce(name, RuleSet::new([rule]).unwrap())
-}
-
-/// Answers with what the layer decided: `key policy shadow_denied degraded waited_ms`.
-async fn whoami(info: Option<Extension<RateLimitInfo>>) -> String {
-    match info {
-        Some(Extension(i)) => format!(
-            "{} {} {} {} {}",
-            i.key,
-            i.policy.name,
-            i.verdict.shadow_denied,
-            i.verdict.degraded,
-            i.verdict.waited.as_millis()
-        ),
-        None => "unlimited".into(),
-    }
-}
-
-async fn serve_on(addr: SocketAddr, app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let service = app.into_make_service_with_connect_info::<SocketAddr>();
-    tokio::spawn(async move { axum::serve(listener, service).await.unwrap() });
-    format!("http://{addr}")
-}
-
 /// An app answering `whoami` on every path, behind a layer over `limiter` allowing `limit` a minute.
 async fn over(limiter: Limiter, limit: u64) -> String {
     let layer = TollgateLayer::builder(limiter).default_policy(per_minute("p", limit)).build().unwrap();
-    serve_on("127.0.0.1:0".parse().unwrap(), Router::new().fallback(whoami).layer(layer)).await
-}
-
-/// A client whose connections come from `from` (any 127.0.0.0/8 address works on Linux).
-fn client_from(from: &str) -> reqwest::Client {
-    reqwest::Client::builder()
-        .local_address(from.parse::<IpAddr>().unwrap())
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
-}
-
-async fn status(client: &reqwest::Client, url: &str) -> u16 {
-    client.get(url).send().await.unwrap().status().as_u16()
-}
-
-async fn get(client: &reqwest::Client, url: &str) -> (u16, String) {
-    let r = client.get(url).send().await.unwrap();
-    (r.status().as_u16(), r.text().await.unwrap())
-}
-
-fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
-    r.headers().get(name).map(|v| v.to_str().unwrap())
-}
-
-/// A response's problem+json body, checking its content type and status field.
-async fn problem(r: reqwest::Response, status: u16) -> Value {
-    assert_eq!(r.status().as_u16(), status);
-    assert_eq!(header(&r, "content-type"), Some("application/problem+json"));
-    let body: Value = r.json().await.unwrap();
-    assert_eq!(body["status"], status);
-    assert!(body["type"].as_str().unwrap().starts_with("https://"), "{body}");
-    assert!(!body["title"].as_str().unwrap().is_empty(), "{body}");
-    body
+    serve(app(), layer).await
 }
 
 /// A real `tollgate serve` router in this process, on a free port.
@@ -97,7 +32,9 @@ async fn tollgate_serve() -> String {
     let config = Config::builtin();
     let limiter =
         Limiter::new(Arc::new(tollgate_core::MemoryBackend::new()), "memory", config.limiter_settings());
-    serve_on("127.0.0.1:0".parse().unwrap(), tollgate_server::router(AppState::new(limiter, config))).await
+    serve_on("127.0.0.1:0".parse().unwrap(), tollgate_server::router(AppState::new(limiter, config)))
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
