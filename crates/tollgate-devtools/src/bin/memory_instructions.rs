@@ -1,0 +1,50 @@
+//! Runs `n` memory-backend decisions of one shape, for `scripts/bench-memory-instructions` to
+//! count their instructions under callgrind (a figure that repeats on a noisy machine, where
+//! wall-clock time does not).
+//!
+//! `memory_instructions <fixed_window|gcra|sliding_window_log|concurrency|five_rules> <n>`
+
+use tollgate_core::{Lease, LeaseId, MemoryBackend, Operation, Period, Rule, RuleSet};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [shape, n] = args.as_slice() else {
+        return Err("usage: memory_instructions <shape> <decisions>".into());
+    };
+    let n: usize = n.parse()?;
+    let s = Period::SECOND;
+    let rules = RuleSet::new(match shape.as_str() {
+        "fixed_window" => vec![Rule::fixed_window(1000, s)],
+        "gcra" => vec![Rule::gcra(1000, s, 1000)],
+        "sliding_window_log" => vec![Rule::sliding_window_log(1000, s)],
+        "concurrency" => vec![Rule::concurrency(100, s)],
+        "five_rules" => vec![
+            Rule::fixed_window(1000, s),
+            Rule::sliding_window_log(1000, s),
+            Rule::sliding_window_counter(1000, s),
+            Rule::token_bucket(1000, 1000, s),
+            Rule::gcra(1000, s, 1000),
+        ],
+        other => return Err(format!("unknown shape {other:?}").into()),
+    })?;
+    // Keys made before the decisions, so that both runs of the script pay the same setup.
+    let keys: Vec<String> = (0..16_384).map(|i| format!("user:{i}")).collect();
+    let backend = MemoryBackend::new();
+    for i in 0..n {
+        let key = &keys[i % keys.len()];
+        if rules.has_concurrency() {
+            // A lease taken and given back: one decision of a concurrency rule's life.
+            let id = LeaseId::random();
+            std::hint::black_box(backend.execute_now(
+                key,
+                &rules,
+                Operation::Acquire { cost: 1, lease: &id },
+            )?);
+            let lease = Lease { id, units: 1 };
+            std::hint::black_box(backend.execute_now(key, &rules, Operation::Release { lease: &lease })?);
+        } else {
+            std::hint::black_box(backend.execute_now(key, &rules, Operation::Check { cost: 1 })?);
+        }
+    }
+    Ok(())
+}
