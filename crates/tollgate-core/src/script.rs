@@ -36,6 +36,9 @@
 //! The reply is `now`, then per part and rule: admitted (1 or 0), remaining, reset_after,
 //! retry_after, times in microseconds.
 
+mod call;
+mod store;
+
 use std::sync::OnceLock;
 
 use smallvec::SmallVec;
@@ -44,6 +47,9 @@ use crate::algorithm::{Admission, LUA_TWINS, Report, to_i64};
 use crate::plan::GroupPlan;
 use crate::ruleset::CompiledRule;
 use crate::{Decision, Operation, RuleSet, Timestamp};
+
+pub use call::{CallError, execute};
+pub use store::{Store, StoreError};
 
 /// Values per distinct rule in the arguments: algorithm number, its parameters, field prefix.
 pub const PER_RULE: usize = 2 + LUA_PARAMETERS;
