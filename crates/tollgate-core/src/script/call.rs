@@ -555,12 +555,20 @@ impl<'a> GroupRun<'a> {
 }
 
 impl<'a> Group<'a> for GroupRun<'a> {
-    fn demands(&self) -> impl Iterator<Item = Demand<'a>> {
-        self.demands.iter().copied()
+    fn states(&self) -> usize {
+        self.demands.len()
     }
 
-    fn entries(&self) -> impl Iterator<Item = Entry<'a>> {
-        self.entries.iter().copied()
+    fn demand(&self, at: usize) -> Demand<'a> {
+        self.demands[at]
+    }
+
+    fn entries(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn entry(&self, at: usize) -> Entry<'a> {
+        self.entries[at]
     }
 }
 
