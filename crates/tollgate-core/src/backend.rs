@@ -33,6 +33,12 @@ pub trait Backend: Send + Sync {
     /// Forgets `key`'s state under `rules` (every rule back to full; leases dropped).
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error>;
 
+    /// Which engine decides, for a backend that has more than one (the Redis backend: `module`
+    /// where the Tollgate Redis module is loaded, else `lua`); `None` for the others.
+    fn engine(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Checks that the backend answers (within its timeout); a health probe. Backends that are
     /// always there, like the in-process one, keep this default.
     async fn ping(&self) -> Result<(), Error> {

@@ -191,6 +191,12 @@ impl Limiter {
         &self.inner.backend_name
     }
 
+    /// Which engine the primary backend decides with, if it has several (see
+    /// [`Backend::engine`]).
+    pub fn backend_engine(&self) -> Option<&'static str> {
+        self.inner.primary.engine()
+    }
+
     /// The failure policy.
     pub fn failure_policy(&self) -> FailurePolicy {
         self.inner.settings.on_failure

@@ -27,6 +27,10 @@ pub struct Info {
     pub enabled: bool,
     /// The primary backend: `memory` or `redis`.
     pub backend: String,
+    /// The engine deciding inside Redis: `module` (the Tollgate Redis module) or `lua`;
+    /// absent for the memory backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<&'static str>,
     /// Whether the primary backend answers right now.
     pub backend_available: bool,
     /// `closed` while the backend is used; `open` while it is bypassed after failures.
@@ -73,6 +77,7 @@ pub async fn info(State(state): State<AppState>) -> Json<Info> {
         enabled: true,
         backend: limiter.backend_name().to_owned(),
         backend_available: limiter.ping().await.is_ok(),
+        engine: limiter.backend_engine(),
         breaker: match limiter.breaker_state() {
             BreakerState::Closed => "closed",
             BreakerState::Open => "open",
