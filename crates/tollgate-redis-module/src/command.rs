@@ -26,6 +26,16 @@ fn decide(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, RedisError>
 }
 
 fn tollgate_decide(ctx: &Context, args: Vec<RedisString>) -> Result<RedisValue, RedisError> {
+    if ctx.is_keys_position_request() {
+        // Redis asks where the keys are (getkeys-api): Redis 7.0 routes a Cluster call, and
+        // answers COMMAND GETKEYS, by this rather than by the key specs. A bad numkeys names
+        // no key; the call itself then answers the error.
+        let bytes: Vec<&[u8]> = args.iter().skip(1).map(RedisString::as_slice).collect();
+        if let Ok(call) = split(&bytes) {
+            (0..call.keys.len()).filter_map(|i| i32::try_from(i + 2).ok()).for_each(|at| ctx.key_at_pos(at));
+        }
+        return Ok(RedisValue::NoReply);
+    }
     // A panic must not cross into C (that aborts redis-server): it becomes an error reply.
     // `execute` reads every state before writing any, so a panic while deciding leaves the
     // data untouched.
@@ -105,9 +115,8 @@ fn declare(ctx: &Context, _args: &[RedisString]) -> Status {
         ctx.log_warning("tollgate: this Redis has no command info API (Redis 7.0 or later is needed)");
         return Status::Err;
     };
-    // Leaked, once per load: whether Redis copies the specs or keeps pointers into them, they
-    // then outlive the command.
-    let specs: &'static mut [KeySpec; 2] = Box::leak(Box::new(key_specs()));
+    // Redis copies what it keeps (RM_SetCommandInfo duplicates the notes and specs).
+    let mut specs = key_specs();
     let info = raw::RedisModuleCommandInfo {
         version: &INFO_VERSION,
         summary: c"Decides a batch of rate-limit operations: Tollgate's script, run by its Rust engine"
@@ -122,9 +131,9 @@ fn declare(ctx: &Context, _args: &[RedisString]) -> Status {
     };
     #[allow(unsafe_code)]
     // SAFETY: `ctx` is the load context, `NAME` a NUL-terminated command name this module
-    // created; `info` and everything it points to (static strings, the leaked specs ended by
-    // a zeroed entry, the static version) are valid for the calls, and SetCommandInfo reads
-    // only the fields the version's sizes describe.
+    // created; `info` and everything it points to (static strings, `specs` ended by a zeroed
+    // entry, the static version) outlive the calls, and SetCommandInfo reads only the fields
+    // the version's sizes describe, copying what it keeps.
     let status = unsafe {
         let command = get_command(ctx.get_raw(), NAME.as_ptr());
         if command.is_null() { raw::REDISMODULE_ERR as c_int } else { set_info(command, &info) }
@@ -154,9 +163,11 @@ mod entry {
         commands: [
             // write: it writes state. deny-oom: a decision that needs memory the server has
             // not got is refused before it starts, never half written. Not fast: a sliding
-            // window log reads its whole sorted set (up to its limit). Keys 0, 0, 0: the key
-            // specs (declare) say where they are.
-            ["tollgate.decide", tollgate_decide, "write deny-oom", 0, 0, 0, ""],
+            // window log reads its whole sorted set (up to its limit). getkeys-api: Redis 7.0
+            // finds a call's keys (Cluster routing) by asking the command, not by the key
+            // specs; first/last/step 0: the key specs (declare) describe them for 7.2+ and
+            // for clients reading COMMAND INFO.
+            ["tollgate.decide", tollgate_decide, "write deny-oom getkeys-api", 0, 0, 0, ""],
         ],
     }
 }
