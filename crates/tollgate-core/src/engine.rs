@@ -10,20 +10,104 @@
 //! 5. *report* each part's rules: remaining units and time until full again.
 //!
 //! The engine never knows where states live: it reaches them through [`States`], by their
-//! index in the group's [`GroupPlan`]. The memory backend implements it over its map; a store
-//! inside Redis (a module) could implement it over Redis keys.
+//! index in the group's plan. Nor does it know where the plan came from: [`phases`] runs any
+//! [`Group`]. The memory backend runs a [`GroupPlan`] over its map ([`run`], [`run_group`]);
+//! [`crate::script::execute`] runs a plan read from a script call's arguments over states read
+//! from Redis (in a module).
 
 use smallvec::SmallVec;
 
-use crate::algorithm::{Admission, State};
+use crate::algorithm::{Admission, AnyAlgorithm, Report, State};
+use crate::decision::LeaseId;
 use crate::plan::GroupPlan;
-use crate::{Decision, Operation};
+use crate::{Decision, Operation, RuleOutcome};
 
-/// Access to the states of a group, by their index in its [`GroupPlan`]
-/// ([`GroupPlan::states`]).
+/// Access to the states of a group, by their index in its plan.
 pub(crate) trait States {
     /// The state at `index`, loaded (or no state at all, of the planned rule's algorithm).
     fn get(&mut self, index: usize) -> &mut State;
+}
+
+/// One state a group works on, as the engine needs it: its rule's algorithm, the units the
+/// group's parts ask of it together, and the lease an acquire takes them under.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Demand<'a> {
+    pub algorithm: &'a AnyAlgorithm,
+    pub units: u64,
+    pub lease: Option<&'a LeaseId>,
+}
+
+/// One rule of one part of a group (an *entry*): its algorithm, the index of its state, and its
+/// part's operation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Entry<'a> {
+    pub algorithm: &'a AnyAlgorithm,
+    pub state: usize,
+    pub op: Operation<'a>,
+}
+
+/// A group as the engine runs it: its distinct states, and its entries, part after part, each
+/// part's rules in order.
+pub(crate) trait Group<'a> {
+    /// The distinct states (their indices are those of [`States::get`]).
+    fn demands(&self) -> impl Iterator<Item = Demand<'a>>;
+    /// The entries.
+    fn entries(&self) -> impl Iterator<Item = Entry<'a>>;
+}
+
+/// Runs a group's parts together, all or nothing, in the phases of the module doc: each
+/// state is refreshed once, asked once for its demand, and consumed only if every state
+/// admits. `emit` receives each entry's admission (its state's) and report, in order. The
+/// caller has validated the group.
+pub(crate) fn phases<'a>(
+    now: i64,
+    group: &impl Group<'a>,
+    states: &mut impl States,
+    mut emit: impl FnMut(Admission, Report),
+) {
+    for (at, demand) in group.demands().enumerate() {
+        demand.algorithm.refresh(states.get(at), now);
+    }
+    for entry in group.entries() {
+        match entry.op {
+            Operation::Refund { amount } => entry.algorithm.refund(states.get(entry.state), now, amount),
+            Operation::Release { lease } => {
+                entry.algorithm.release(states.get(entry.state), now, &lease.id, lease.units);
+            }
+            Operation::Check { .. } | Operation::Acquire { .. } => {}
+        }
+    }
+    let admissions: SmallVec<[Admission; 8]> = group
+        .demands()
+        .enumerate()
+        .map(|(at, demand)| demand.algorithm.decide(states.get(at), now, demand.units.max(1)))
+        .collect();
+    if admissions.iter().all(|a| a.admits) {
+        for (at, demand) in group.demands().enumerate() {
+            if demand.units > 0 {
+                demand.algorithm.consume(states.get(at), now, demand.units, demand.lease);
+            }
+        }
+    }
+    for entry in group.entries() {
+        emit(admissions[entry.state], entry.algorithm.report(states.get(entry.state), now));
+    }
+}
+
+impl<'a> Group<'a> for GroupPlan<'a> {
+    fn demands(&self) -> impl Iterator<Item = Demand<'a>> {
+        self.states().iter().map(|s| Demand { algorithm: &s.rule.algorithm, units: s.demand, lease: s.lease })
+    }
+
+    fn entries(&self) -> impl Iterator<Item = Entry<'a>> {
+        self.parts().iter().enumerate().flat_map(move |(p, part)| {
+            part.rules.compiled().iter().zip(self.uses(p)).map(move |(rule, &at)| Entry {
+                algorithm: &rule.algorithm,
+                state: usize::from(at),
+                op: part.op,
+            })
+        })
+    }
 }
 
 /// Runs one operation on a key's states under a rule set: a group of one part, whose rules
@@ -35,61 +119,25 @@ pub(crate) fn run(plan: &GroupPlan<'_>, now: i64, states: &mut impl States) -> D
     decision.unwrap_or_else(|| unreachable!("a plan of one part emits one decision"))
 }
 
-/// Runs a group's parts together, all or nothing, in the phases of the module doc: each
-/// state is refreshed once, asked once for the sum of the costs of the parts naming it, and
-/// consumed only if every state admits. `emit` receives each part's decision (by its position
-/// in the group). The caller has validated the group ([`crate::BatchPlan::new`]).
+/// Runs a group's parts together ([`phases`]); `emit` receives each part's decision (by its
+/// position in the group). The caller has validated the group ([`crate::BatchPlan::new`]).
 pub(crate) fn run_group(
     now: i64,
     plan: &GroupPlan<'_>,
     states: &mut impl States,
     mut emit: impl FnMut(usize, Decision),
 ) {
-    let planned = plan.states();
-    for (at, state) in planned.iter().enumerate() {
-        state.rule.algorithm.refresh(states.get(at), now);
-    }
-    for (p, part) in plan.parts().iter().enumerate() {
-        let rules = part.rules.compiled().iter().zip(plan.uses(p));
-        match part.op {
-            Operation::Refund { amount } => {
-                for (rule, &at) in rules {
-                    rule.algorithm.refund(states.get(usize::from(at)), now, amount);
-                }
-            }
-            Operation::Release { lease } => {
-                for (rule, &at) in rules {
-                    rule.algorithm.release(states.get(usize::from(at)), now, &lease.id, lease.units);
-                }
-            }
-            Operation::Check { .. } | Operation::Acquire { .. } => {}
+    let parts = plan.parts();
+    let (mut part, mut outcomes) = (0, Vec::<RuleOutcome>::new());
+    phases(now, plan, states, |admission, report| {
+        let rules = parts[part].rules;
+        if outcomes.is_empty() {
+            outcomes.reserve_exact(rules.len());
         }
-    }
-    let admissions: SmallVec<[Admission; 8]> = planned
-        .iter()
-        .enumerate()
-        .map(|(at, state)| state.rule.algorithm.decide(states.get(at), now, state.demand.max(1)))
-        .collect();
-    if admissions.iter().all(|a| a.admits) {
-        for (at, state) in planned.iter().enumerate() {
-            if state.demand > 0 {
-                state.rule.algorithm.consume(states.get(at), now, state.demand, state.lease);
-            }
+        outcomes.push(rules.outcome(outcomes.len(), admission, report));
+        if outcomes.len() == rules.len() {
+            emit(part, Decision::from_outcomes(std::mem::take(&mut outcomes)));
+            part += 1;
         }
-    }
-    for (p, part) in plan.parts().iter().enumerate() {
-        let outcomes = part
-            .rules
-            .compiled()
-            .iter()
-            .zip(plan.uses(p))
-            .enumerate()
-            .map(|(i, (rule, &at))| {
-                let at = usize::from(at);
-                let report = rule.algorithm.report(states.get(at), now);
-                part.rules.outcome(i, admissions[at], report)
-            })
-            .collect();
-        emit(p, Decision::from_outcomes(outcomes));
-    }
+    });
 }

@@ -12,15 +12,20 @@
 //! - [`conformance`]: scenarios that every backend must pass identically, run against a backend
 //!   whose clock the test moves by hand, and the [`conformance_tests!`] macro that turns them
 //!   into tests for one backend.
+//! - [`MapStore`]: an in-process store shaped as Redis is, for `tollgate_core::script::execute`
+//!   (the engine as a Redis module runs it) without a server; [`ScriptBackend`] decides through
+//!   it, so the conformance scenarios run on `execute` too.
 
 pub mod conformance;
 mod fault_proxy;
+mod map_store;
 mod postgres_server;
 mod redis_cluster;
 mod redis_sentinel;
 mod redis_server;
 
 pub use fault_proxy::{Direction, FaultProxy};
+pub use map_store::{MapStore, ScriptBackend, Value};
 pub use postgres_server::PostgresServer;
 pub use redis_cluster::{RedisCluster, key_slot};
 pub use redis_sentinel::RedisSentinel;

@@ -10,7 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{Admission, Algorithm, Report, to_i64};
+use super::{Admission, Algorithm, Corrupt, Report, Stored, count_parameter, period_parameter, stored_integer, to_i64};
+use crate::limits::{MAX_CONCURRENCY_LIMIT, MAX_COUNT};
 use crate::Period;
 use crate::decision::LeaseId;
 
@@ -103,5 +104,42 @@ impl Algorithm for Concurrency {
 
     fn expires_at(&self, s: &State) -> Option<i64> {
         s.leases.values().map(|held| held.expires_at).max()
+    }
+
+    fn from_lua_parameters([limit, lease, _, _]: [i64; 4]) -> Option<Self> {
+        Some(Concurrency { limit: count_parameter(limit, MAX_CONCURRENCY_LIMIT)?, lease: period_parameter(lease)? })
+    }
+
+    /// The leases from their `<id>=<units>` members (the `<id>` and `#<total>` members repeat
+    /// what those say).
+    fn from_stored(&self, stored: &Stored) -> Result<State, Corrupt> {
+        let Stored::Members(members) = stored else { return Err(Corrupt("a hash where a sorted set was expected")) };
+        let mut state = State::default();
+        for (member, expiry) in members {
+            let Some(eq) = member.iter().position(|&b| b == b'=') else { continue };
+            let id = std::str::from_utf8(&member[..eq]).ok().and_then(|id| id.parse::<LeaseId>().ok());
+            let units = std::str::from_utf8(&member[eq + 1..]).ok().and_then(|u| u.parse::<u64>().ok());
+            let (Some(id), Some(units)) = (id, units.filter(|u| (1..=MAX_COUNT).contains(u))) else {
+                return Err(Corrupt("a lease's member"));
+            };
+            if expiry.fract() != 0.0 || !expiry.is_finite() {
+                return Err(Corrupt("a lease's expiry"));
+            }
+            let expires_at = stored_integer(*expiry as i64, "a lease's expiry")?;
+            state.total += units;
+            state.leases.insert(id, Held { units, expires_at });
+        }
+        Ok(state)
+    }
+
+    fn to_stored(&self, s: &State, _previous: &Stored) -> Stored {
+        let mut out = Vec::with_capacity(2 * s.leases.len() + 1);
+        for (id, held) in &s.leases {
+            let expiry = held.expires_at as f64;
+            out.push((id.as_str().as_bytes().to_vec(), expiry));
+            out.push((format!("{id}={}", held.units).into_bytes(), expiry));
+        }
+        out.push((format!("#{}", s.total).into_bytes(), f64::INFINITY));
+        Stored::Members(out)
     }
 }

@@ -9,7 +9,12 @@
 //!
 //! Lua twin: `fixed_window.lua`. Redis state: a hash `{s = window start, c = count}`.
 
-use super::{Admission, Algorithm, Report, floor_div, to_i64};
+use smallvec::smallvec;
+
+use super::{
+    Admission, Algorithm, Corrupt, Report, Stored, count_parameter, fields, floor_div, period_parameter, to_i64,
+};
+use crate::limits::MAX_COUNT;
 use crate::decision::LeaseId;
 use crate::{Align, Period};
 
@@ -100,5 +105,23 @@ impl Algorithm for FixedWindow {
 
     fn expires_at(&self, s: &State) -> Option<i64> {
         (s.count > 0).then_some(s.start + self.period)
+    }
+
+    fn from_lua_parameters([limit, period, first_hit, _]: [i64; 4]) -> Option<Self> {
+        let align = match first_hit {
+            0 => Align::Clock,
+            1 => Align::FirstHit,
+            _ => return None,
+        };
+        Some(FixedWindow { limit: count_parameter(limit, MAX_COUNT)?, period: period_parameter(period)?, align })
+    }
+
+    fn from_stored(&self, stored: &Stored) -> Result<State, Corrupt> {
+        let [start, count] = fields(stored, "a fixed window's start or count")?;
+        Ok(State { start, count: count as u64 })
+    }
+
+    fn to_stored(&self, s: &State, _previous: &Stored) -> Stored {
+        Stored::Fields(smallvec![s.start, to_i64(s.count)])
     }
 }

@@ -16,9 +16,11 @@
 
 use std::cmp::Ordering;
 
-use super::{Admission, Algorithm, Report, to_i64};
+use smallvec::smallvec;
+
+use super::{Admission, Algorithm, Corrupt, Report, Stored, count_parameter, fields, to_i64};
 use crate::decision::LeaseId;
-use crate::limits::{MAX_EXACT, MAX_FILL_MICROS};
+use crate::limits::{MAX_COUNT, MAX_EXACT, MAX_FILL_MICROS};
 
 /// A span or instant: `whole + frac / den` microseconds, `0 <= frac < den`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -161,6 +163,9 @@ impl Algorithm for Gcra {
     }
 
     fn refund(&self, s: &mut State, now: i64, n: u64) {
+        // The debt is at most `capacity` units: giving back more fills the bucket just the
+        // same, and keeps `times` within the bounds its exactness was checked for.
+        let n = n.min(self.capacity);
         let (debt, back) = (self.debt(s, now), self.times(n));
         s.tat = if debt > back { self.add(self.sub(debt, back), Micros::whole(now)) } else { Micros::ZERO };
     }
@@ -175,6 +180,32 @@ impl Algorithm for Gcra {
             Ordering::Greater => Some(s.tat.ceil()),
             _ => None,
         }
+    }
+
+    fn from_lua_parameters([capacity, quotient, remainder, den]: [i64; 4]) -> Option<Self> {
+        let capacity = count_parameter(capacity, MAX_COUNT)?;
+        if quotient < 0 || den < 1 || !(0..den).contains(&remainder) {
+            return None;
+        }
+        // `T = num / den` with the bounds `new` checks, so every product stays exact.
+        let num = i128::from(quotient) * i128::from(den) + i128::from(remainder);
+        let (capacity_wide, den_wide) = (i128::from(capacity), i128::from(den));
+        let exact = num >= 1
+            && capacity_wide * den_wide <= i128::from(MAX_EXACT)
+            && capacity_wide * num / den_wide <= i128::from(MAX_FILL_MICROS);
+        exact.then(|| Gcra { capacity, quotient, remainder, den, num: num as i64 })
+    }
+
+    fn from_stored(&self, stored: &Stored) -> Result<State, Corrupt> {
+        let [whole, frac] = fields(stored, "a GCRA's time")?;
+        if frac >= self.den {
+            return Err(Corrupt("a GCRA's fraction of a microsecond"));
+        }
+        Ok(State { tat: Micros { whole, frac } })
+    }
+
+    fn to_stored(&self, s: &State, _previous: &Stored) -> Stored {
+        Stored::Fields(smallvec![s.tat.whole, s.tat.frac])
     }
 }
 

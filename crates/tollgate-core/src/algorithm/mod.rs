@@ -28,6 +28,8 @@ mod token_bucket;
 
 use std::fmt::Debug;
 
+use smallvec::SmallVec;
+
 use crate::decision::LeaseId;
 use crate::rule::{Align, RuleKind};
 
@@ -88,6 +90,67 @@ pub(crate) trait Algorithm: Clone + Debug + PartialEq + Eq {
     /// When the state becomes the same as no state; `None` if it already is. (A property of
     /// the state alone: it takes no `now`.)
     fn expires_at(&self, state: &Self::State) -> Option<i64>;
+
+    /// The algorithm of a rule sent to the Lua twin with these parameters (the inverse of
+    /// [`lua_parameters`](Self::lua_parameters)), or `None` when they are out of the bounds a
+    /// rule set could have sent, so that arithmetic on them can neither overflow nor divide by
+    /// zero.
+    fn from_lua_parameters(parameters: [i64; 4]) -> Option<Self>;
+
+    /// The state from what the Lua twin stores in Redis ([`Stored::Fields`] in
+    /// [`HASH_FIELDS`](Self::HASH_FIELDS) order, absent fields 0, for hash-stored states;
+    /// [`Stored::Members`] for the others), as its `load` reads it, before any refresh.
+    fn from_stored(&self, stored: &Stored) -> Result<Self::State, Corrupt>;
+
+    /// What the Lua twin would store for `state`, which is not empty
+    /// ([`expires_at`](Self::expires_at) is `Some`). `previous` is what was read (sorted sets
+    /// keep the scores of the members that did not change, so that a write touches only what
+    /// changed).
+    fn to_stored(&self, state: &Self::State, previous: &Stored) -> Stored;
+}
+
+/// A state as the Lua twins store it in Redis (see [`crate::script::execute`]).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Stored {
+    /// A hash-stored state's fields, in the algorithm's `HASH_FIELDS` order; 0 for an absent one.
+    Fields(SmallVec<[i64; 3]>),
+    /// A sorted set's members and scores, in Redis's order (by score, then member); none when
+    /// there is no key.
+    Members(Vec<(Vec<u8>, f64)>),
+}
+
+/// A stored state that no Lua twin could have written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Corrupt(pub &'static str);
+
+/// The largest stored integer read back: the twins keep every value below 2^53 (see
+/// `prelude.lua`); a larger one was not written by them, and would overflow the arithmetic.
+const MAX_STORED: i64 = crate::limits::MAX_EXACT as i64;
+
+/// `value` as a stored time or count: in `0..=2^53 - 1`.
+pub(crate) fn stored_integer(value: i64, what: &'static str) -> Result<i64, Corrupt> {
+    if (0..=MAX_STORED).contains(&value) { Ok(value) } else { Err(Corrupt(what)) }
+}
+
+/// The hash fields of `stored`, of an algorithm stored as a hash with `n` fields.
+pub(crate) fn fields<const N: usize>(stored: &Stored, what: &'static str) -> Result<[i64; N], Corrupt> {
+    let Stored::Fields(values) = stored else { return Err(Corrupt("a sorted set where a hash was expected")) };
+    let mut out = [0; N];
+    for (slot, &value) in out.iter_mut().zip(values.iter()) {
+        *slot = stored_integer(value, what)?;
+    }
+    Ok(out)
+}
+
+/// The bounds of a parameter sent to a Lua twin: a count (a limit or capacity) up to `max`.
+pub(crate) fn count_parameter(value: i64, max: u64) -> Option<u64> {
+    u64::try_from(value).ok().filter(|&v| (1..=max).contains(&v))
+}
+
+/// The bounds of a period or lease duration sent to a Lua twin (see [`crate::Period`]).
+pub(crate) fn period_parameter(value: i64) -> Option<i64> {
+    let (min, max) = (crate::Period::MIN.as_micros(), crate::Period::MAX.as_micros());
+    u64::try_from(value).ok().filter(|v| (min..=max).contains(v)).map(|_| value)
 }
 
 /// Whether a state admits the units asked of it, and if not, how long until it would.
@@ -251,6 +314,34 @@ macro_rules! algorithms {
             pub(crate) fn report(&self, state: &mut State, now: i64) -> Report {
                 match self {
                     $(AnyAlgorithm::$variant(a) => a.report($module::$algorithm::state_in(state), now),)+
+                }
+            }
+
+            /// The algorithm numbered `number` in the script's `ALGORITHMS` (its position in
+            /// [`LUA_TWINS`] + 1) with these parameters; see [`Algorithm::from_lua_parameters`].
+            pub(crate) fn from_lua(number: i64, parameters: [i64; 4]) -> Option<AnyAlgorithm> {
+                let mut at = 0;
+                $(
+                    at += 1;
+                    if number == at {
+                        return $module::$algorithm::from_lua_parameters(parameters).map(AnyAlgorithm::$variant);
+                    }
+                )+
+                let _ = at;
+                None
+            }
+
+            /// See [`Algorithm::from_stored`].
+            pub(crate) fn from_stored(&self, stored: &Stored) -> Result<State, Corrupt> {
+                match self {
+                    $(AnyAlgorithm::$variant(a) => a.from_stored(stored).map(State::$variant),)+
+                }
+            }
+
+            /// See [`Algorithm::to_stored`].
+            pub(crate) fn to_stored(&self, state: &mut State, previous: &Stored) -> Stored {
+                match self {
+                    $(AnyAlgorithm::$variant(a) => a.to_stored($module::$algorithm::state_in(state), previous),)+
                 }
             }
 

@@ -21,7 +21,12 @@
 //! Lua twin: `sliding_window_counter.lua`. Redis state: a hash `{s = window start, p = previous
 //! window's count, c = current window's count}`.
 
-use super::{Admission, Algorithm, Report, floor_div, to_i64};
+use smallvec::smallvec;
+
+use super::{
+    Admission, Algorithm, Corrupt, Report, Stored, count_parameter, fields, floor_div, period_parameter, to_i64,
+};
+use crate::limits::MAX_COUNT;
 use crate::Period;
 use crate::decision::LeaseId;
 
@@ -134,5 +139,18 @@ impl Algorithm for SlidingWindowCounter {
         } else {
             None
         }
+    }
+
+    fn from_lua_parameters([limit, period, _, _]: [i64; 4]) -> Option<Self> {
+        Some(SlidingWindowCounter { limit: count_parameter(limit, MAX_COUNT)?, period: period_parameter(period)? })
+    }
+
+    fn from_stored(&self, stored: &Stored) -> Result<State, Corrupt> {
+        let [start, previous, current] = fields(stored, "a sliding window counter's start or counts")?;
+        Ok(State { start, previous: previous as u64, current: current as u64 })
+    }
+
+    fn to_stored(&self, s: &State, _previous: &Stored) -> Stored {
+        Stored::Fields(smallvec![s.start, to_i64(s.previous), to_i64(s.current)])
     }
 }

@@ -17,7 +17,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{Admission, Algorithm, Report, to_i64};
+use super::{Admission, Algorithm, Corrupt, Report, Stored, count_parameter, period_parameter, stored_integer, to_i64};
+use crate::limits::MAX_LOG_LIMIT;
 use crate::Period;
 use crate::decision::LeaseId;
 
@@ -115,4 +116,75 @@ impl Algorithm for SlidingWindowLog {
     fn expires_at(&self, s: &State) -> Option<i64> {
         Self::newest(s).map(|t| t + self.period)
     }
+
+    fn from_lua_parameters([limit, period, _, _]: [i64; 4]) -> Option<Self> {
+        Some(SlidingWindowLog { limit: count_parameter(limit, MAX_LOG_LIMIT)?, period: period_parameter(period)? })
+    }
+
+    /// The base member's score, then each entry's running total (see the `.lua` file).
+    fn from_stored(&self, stored: &Stored) -> Result<State, Corrupt> {
+        let Stored::Members(members) = stored else { return Err(Corrupt("a hash where a sorted set was expected")) };
+        let mut members = members.iter();
+        let mut state = State::default();
+        let Some((first, base)) = members.next() else { return Ok(state) };
+        if first.as_slice() != BASE {
+            return Err(Corrupt("a sliding log without its base member"));
+        }
+        let mut before = score(*base)?;
+        for (member, total) in members {
+            let time = std::str::from_utf8(member).ok().and_then(|t| t.parse::<i64>().ok());
+            let time = stored_integer(time.ok_or(Corrupt("a sliding log entry's time"))?, "a sliding log entry's time")?;
+            let total = score(*total)?;
+            let newest = Self::newest(&state);
+            if total <= before || newest.is_some_and(|newest| newest >= time) {
+                return Err(Corrupt("a sliding log out of order"));
+            }
+            state.units.insert(time, (total - before) as u64);
+            state.total += (total - before) as u64;
+            before = total;
+        }
+        Ok(state)
+    }
+
+    /// Keeps the scores of the entries that did not change: the oldest entry keeps its score
+    /// when it was stored before with the same units, and the base follows from it (as the Lua
+    /// moves the base up when it drops entries), unless the totals pass [`REBASE_AT`].
+    fn to_stored(&self, s: &State, previous: &Stored) -> Stored {
+        let previous = match previous {
+            Stored::Members(members) => members.as_slice(),
+            Stored::Fields(_) => &[],
+        };
+        let mut base = previous.first().map_or(0.0, |(_, score)| *score);
+        if let Some((&oldest, &units)) = s.units.first_key_value() {
+            let name = oldest.to_string();
+            if let Some((_, total)) = previous.iter().find(|(member, _)| member.as_slice() == name.as_bytes()) {
+                base = total - units as f64;
+            }
+        }
+        if base < 0.0 || base + s.total as f64 >= REBASE_AT {
+            base = 0.0;
+        }
+        let mut out = Vec::with_capacity(s.units.len() + 1);
+        out.push((BASE.to_vec(), base));
+        let mut total = base;
+        for (&time, &units) in &s.units {
+            total += units as f64;
+            out.push((time.to_string().into_bytes(), total));
+        }
+        Stored::Members(out)
+    }
+}
+
+/// The base member of a log (see the `.lua` file).
+const BASE: &[u8] = b"b";
+
+/// Running totals are rebased to 0 beyond this, as the Lua twin does (`REBASE_AT`).
+const REBASE_AT: f64 = (1u64 << 50) as f64;
+
+/// A running total read back: a whole number below 2^53.
+fn score(value: f64) -> Result<i64, Corrupt> {
+    if value.fract() != 0.0 || !(0.0..=crate::limits::MAX_EXACT as f64).contains(&value) {
+        return Err(Corrupt("a sliding log's running total"));
+    }
+    Ok(value as i64)
 }
