@@ -39,8 +39,14 @@ fn tollgate_decide(ctx: &Context, args: Vec<RedisString>) -> Result<RedisValue, 
     // A panic must not cross into C (that aborts redis-server): it becomes an error reply.
     // `execute` reads every state before writing any, so a panic while deciding leaves the
     // data untouched.
-    catch_unwind(AssertUnwindSafe(|| decide(ctx, &args)))
-        .unwrap_or(Err(RedisError::Str("ERR tollgate: internal error while deciding (see the server's log)")))
+    catch_unwind(AssertUnwindSafe(|| decide(ctx, &args))).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("no message");
+        Err(RedisError::String(format!("ERR tollgate: internal error while deciding: {what}")))
+    })
 }
 
 /// The command's key specs: one spec, whose keys start at argument 1 (numkeys), and number

@@ -11,8 +11,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use redis_module::Context;
 use redis_module::raw::KeyType;
+use redis_module::{Context, RedisString};
 use tollgate_core::script::{Store, StoreError};
 
 use crate::key::{self, Key, Mode};
@@ -28,8 +28,14 @@ impl<'c> ModuleStore<'c> {
         ModuleStore { ctx }
     }
 
+    /// A key's name as a Redis string. Not `Context::create_string`, which goes through a C
+    /// string and panics on a NUL byte, which a key may hold.
+    fn name(&self, name: &[u8]) -> RedisString {
+        RedisString::create_from_slice(self.ctx.get_raw(), name)
+    }
+
     fn open(&self, name: &[u8], mode: Mode, kind: KeyType) -> Result<Key, StoreError> {
-        let key = Key::open(self.ctx, &self.ctx.create_string(name), mode);
+        let key = Key::open(self.ctx, &self.name(name), mode);
         match key.kind() {
             KeyType::Empty => Ok(key),
             found if found == kind => Ok(key),
@@ -153,7 +159,7 @@ impl Store for ModuleStore<'_> {
     }
 
     fn delete(&mut self, key: &[u8]) -> Result<(), StoreError> {
-        let target = Key::open(self.ctx, &self.ctx.create_string(key), Mode::Write);
+        let target = Key::open(self.ctx, &self.name(key), Mode::Write);
         if target.delete() {
             self.replicate("DEL", &[key]);
         }
@@ -161,7 +167,7 @@ impl Store for ModuleStore<'_> {
     }
 
     fn time_to_live(&mut self, key: &[u8]) -> Result<Option<i64>, StoreError> {
-        Ok(Key::open(self.ctx, &self.ctx.create_string(key), Mode::Read).time_to_live())
+        Ok(Key::open(self.ctx, &self.name(key), Mode::Read).time_to_live())
     }
 
     fn set_time_to_live(&mut self, key: &[u8], millis: i64) -> Result<(), StoreError> {
@@ -170,7 +176,7 @@ impl Store for ModuleStore<'_> {
         if millis <= 0 {
             return self.delete(key);
         }
-        let target = Key::open(self.ctx, &self.ctx.create_string(key), Mode::Write);
+        let target = Key::open(self.ctx, &self.name(key), Mode::Write);
         if target.set_time_to_live(millis) {
             let at = key::milliseconds().saturating_add(millis).to_string();
             self.replicate("PEXPIREAT", &[key, at.as_bytes()]);
