@@ -30,6 +30,14 @@
 //!   calls) as it routes `EVALSHA`.
 //! - Replication: the writes' effects, never the command (see [`store`]).
 //!
+//! # Testing
+//!
+//! `cargo test -p tollgate-redis-module` builds the cdylib (the crate is also an rlib, so cargo
+//! compiles the library, both kinds, before the integration tests; the `.so` lands in
+//! `target/debug/deps/`, beside the test binaries) and the tests load it into private
+//! `redis-server`s (`tests/common/mod.rs` finds it; `TOLLGATE_REDIS_MODULE=/path/to/lib.so`
+//! tests another build). Without redis-server or the module they fail, never skip.
+//!
 //! Unsafe code is denied in this crate as elsewhere and allowed only block by block where the
 //! module API (C) is called, each with its reason; the rest of the workspace forbids it.
 
