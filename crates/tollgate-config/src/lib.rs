@@ -201,6 +201,44 @@ impl BackendKind {
     }
 }
 
+/// Which engine decides inside Redis.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RedisEngine {
+    /// The module's command wherever a node has the module loaded, the Lua elsewhere (the
+    /// default).
+    #[default]
+    Auto,
+    /// The Tollgate Redis module only: a node without it is an error.
+    Module,
+    /// The Lua twins only, even where the module is loaded.
+    Lua,
+}
+
+impl RedisEngine {
+    /// The name in the file and on the command line (`auto`, `module`, `lua`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RedisEngine::Auto => "auto",
+            RedisEngine::Module => "module",
+            RedisEngine::Lua => "lua",
+        }
+    }
+}
+
+impl std::str::FromStr for RedisEngine {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(RedisEngine::Auto),
+            "module" => Ok(RedisEngine::Module),
+            "lua" => Ok(RedisEngine::Lua),
+            other => Err(format!("the Redis engine is auto, module or lua (got {other:?})")),
+        }
+    }
+}
+
 /// The `[backend]` section.
 #[derive(Clone, Debug)]
 pub struct BackendSettings {
@@ -212,6 +250,8 @@ pub struct BackendSettings {
     pub url: Option<String>,
     /// Prefix of every Redis key.
     pub prefix: String,
+    /// Which engine decides inside Redis.
+    pub engine: RedisEngine,
     /// Longest wait for one Redis call.
     pub timeout: Duration,
     /// Redis connections (each multiplexed).

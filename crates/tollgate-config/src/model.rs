@@ -16,7 +16,7 @@ use crate::redis_url::RedisTopology;
 use crate::spec::{OnLimitKind, PolicySpec};
 use crate::{
     BackendKind, BackendSettings, Config, ConfigError, ConnectionSettings, ConsumerSettings, MemorySettings,
-    Policies, ServerSettings,
+    Policies, RedisEngine, ServerSettings,
 };
 
 #[derive(Deserialize, Default)]
@@ -108,6 +108,7 @@ struct BackendSection {
     kind: Spanned<BackendKind>,
     url: Option<Spanned<String>>,
     prefix: String,
+    engine: RedisEngine,
     timeout: Period,
     connections: Spanned<usize>,
     coalesce: Spanned<usize>,
@@ -124,6 +125,7 @@ impl Default for BackendSection {
             kind: unwritten(BackendKind::Memory),
             url: None,
             prefix: "tollgate".into(),
+            engine: RedisEngine::default(),
             timeout: Period::from_millis(50).expect("50ms is a valid period"),
             connections: unwritten(2),
             coalesce: unwritten(32),
@@ -285,6 +287,7 @@ fn backend_settings(
         kind: *backend.kind.get_ref(),
         url: backend.url.as_ref().map(|u| u.get_ref().clone()),
         prefix: backend.prefix.clone(),
+        engine: backend.engine,
         timeout: backend.timeout.as_duration(),
         connections: *backend.connections.get_ref(),
         coalesce: *backend.coalesce.get_ref(),
@@ -377,6 +380,21 @@ mod tests {
             let e = error(text).to_string();
             assert!(e.starts_with(start), "{e}");
         }
+    }
+
+    #[test]
+    fn the_redis_engine_is_auto_unless_chosen() {
+        let url = "[backend]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n";
+        assert_eq!(parse(url, "t.toml").unwrap().backend.engine, RedisEngine::Auto);
+        for engine in [RedisEngine::Module, RedisEngine::Lua, RedisEngine::Auto] {
+            let text = format!("{url}engine = \"{}\"\n", engine.as_str());
+            assert_eq!(parse(&text, "t.toml").unwrap().backend.engine, engine);
+            assert_eq!(engine.as_str().parse::<RedisEngine>(), Ok(engine));
+        }
+        let e = error(&format!("{url}engine = \"wasm\"\n"));
+        assert_eq!(e.line(), Some(4), "{e}");
+        assert!(e.to_string().contains("wasm"), "{e}");
+        assert!("Module".parse::<RedisEngine>().is_err());
     }
 
     #[test]

@@ -20,7 +20,7 @@ use smallvec::SmallVec;
 use crate::algorithm::{Admission, AnyAlgorithm, Report, State};
 use crate::decision::LeaseId;
 use crate::plan::GroupPlan;
-use crate::{Decision, Operation, RuleOutcome};
+use crate::{Decision, Operation};
 
 /// Access to the states of a group, by their index in its plan.
 pub(crate) trait States {
@@ -46,29 +46,36 @@ pub(crate) struct Entry<'a> {
     pub op: Operation<'a>,
 }
 
-/// A group as the engine runs it: its distinct states, and its entries, part after part, each
-/// part's rules in order.
+/// A group as [`phases`] runs it: its distinct states, with the demand on each (their indices
+/// are those of [`States::get`]), and its *entries*, the rules of its parts, part after part,
+/// each part's rules in order. Indexed rather than iterated, so that the phases walk them
+/// without building anything.
 pub(crate) trait Group<'a> {
-    /// The distinct states (their indices are those of [`States::get`]).
-    fn demands(&self) -> impl Iterator<Item = Demand<'a>>;
-    /// The entries.
-    fn entries(&self) -> impl Iterator<Item = Entry<'a>>;
+    /// How many distinct states.
+    fn states(&self) -> usize;
+    /// The state at `at`, and what the group asks of it.
+    fn demand(&self, at: usize) -> Demand<'a>;
+    /// How many entries.
+    fn entries(&self) -> usize;
+    /// The entry at `at`.
+    fn entry(&self, at: usize) -> Entry<'a>;
 }
 
-/// Runs a group's parts together, all or nothing, in the phases of the module doc: each
-/// state is refreshed once, asked once for its demand, and consumed only if every state
-/// admits. `emit` receives each entry's admission (its state's) and report, in order. The
-/// caller has validated the group.
+/// Runs a group's parts together, all or nothing, in the phases of the module doc: each state
+/// is refreshed once, asked once for its demand, and consumed only if every state admits.
+/// `emit` receives each entry's admission (its state's) and report, in order. The caller has
+/// validated the group.
 pub(crate) fn phases<'a>(
     now: i64,
     group: &impl Group<'a>,
     states: &mut impl States,
     mut emit: impl FnMut(Admission, Report),
 ) {
-    for (at, demand) in group.demands().enumerate() {
-        demand.algorithm.refresh(states.get(at), now);
+    for at in 0..group.states() {
+        group.demand(at).algorithm.refresh(states.get(at), now);
     }
-    for entry in group.entries() {
+    for at in 0..group.entries() {
+        let entry = group.entry(at);
         match entry.op {
             Operation::Refund { amount } => entry.algorithm.refund(states.get(entry.state), now, amount),
             Operation::Release { lease } => {
@@ -77,36 +84,48 @@ pub(crate) fn phases<'a>(
             Operation::Check { .. } | Operation::Acquire { .. } => {}
         }
     }
-    let admissions: SmallVec<[Admission; 8]> = group
-        .demands()
-        .enumerate()
-        .map(|(at, demand)| demand.algorithm.decide(states.get(at), now, demand.units.max(1)))
+    let admissions: SmallVec<[Admission; 8]> = (0..group.states())
+        .map(|at| {
+            let demand = group.demand(at);
+            demand.algorithm.decide(states.get(at), now, demand.units.max(1))
+        })
         .collect();
     if admissions.iter().all(|a| a.admits) {
-        for (at, demand) in group.demands().enumerate() {
+        for at in 0..group.states() {
+            let demand = group.demand(at);
             if demand.units > 0 {
                 demand.algorithm.consume(states.get(at), now, demand.units, demand.lease);
             }
         }
     }
-    for entry in group.entries() {
+    for at in 0..group.entries() {
+        let entry = group.entry(at);
         emit(admissions[entry.state], entry.algorithm.report(states.get(entry.state), now));
     }
 }
 
 impl<'a> Group<'a> for GroupPlan<'a> {
-    fn demands(&self) -> impl Iterator<Item = Demand<'a>> {
-        self.states().iter().map(|s| Demand { algorithm: &s.rule.algorithm, units: s.demand, lease: s.lease })
+    fn states(&self) -> usize {
+        GroupPlan::states(self).len()
     }
 
-    fn entries(&self) -> impl Iterator<Item = Entry<'a>> {
-        self.parts().iter().enumerate().flat_map(move |(p, part)| {
-            part.rules.compiled().iter().zip(self.uses(p)).map(move |(rule, &at)| Entry {
-                algorithm: &rule.algorithm,
-                state: usize::from(at),
-                op: part.op,
-            })
-        })
+    fn demand(&self, at: usize) -> Demand<'a> {
+        let s = &GroupPlan::states(self)[at];
+        Demand { algorithm: &s.rule.algorithm, units: s.demand, lease: s.lease }
+    }
+
+    fn entries(&self) -> usize {
+        self.entry_count()
+    }
+
+    fn entry(&self, at: usize) -> Entry<'a> {
+        let (part, rule) = self.entry_at(at);
+        let planned = &self.parts()[part];
+        Entry {
+            algorithm: &planned.rules.compiled()[rule].algorithm,
+            state: usize::from(self.uses(part)[rule]),
+            op: planned.op,
+        }
     }
 }
 
@@ -128,15 +147,13 @@ pub(crate) fn run_group(
     mut emit: impl FnMut(usize, Decision),
 ) {
     let parts = plan.parts();
-    let (mut part, mut outcomes) = (0, Vec::<RuleOutcome>::new());
+    let (mut part, mut outcomes) = (0, Vec::with_capacity(parts[0].rules.len()));
     phases(now, plan, states, |admission, report| {
         let rules = parts[part].rules;
-        if outcomes.is_empty() {
-            outcomes.reserve_exact(rules.len());
-        }
         outcomes.push(rules.outcome(outcomes.len(), admission, report));
         if outcomes.len() == rules.len() {
-            emit(part, Decision::from_outcomes(std::mem::take(&mut outcomes)));
+            let next = parts.get(part + 1).map_or(0, |next| next.rules.len());
+            emit(part, Decision::from_outcomes(std::mem::replace(&mut outcomes, Vec::with_capacity(next))));
             part += 1;
         }
     });

@@ -166,6 +166,24 @@ impl<'a> GroupPlan<'a> {
         &self.uses[start..end]
     }
 
+    /// How many rules the group's parts have together.
+    pub fn entry_count(&self) -> usize {
+        match self.parts.as_slice() {
+            [single] if self.uses.is_empty() => single.rules.len(),
+            _ => self.uses.len(),
+        }
+    }
+
+    /// The part, and the rule within it, of the group's `at`-th rule (counting its parts'
+    /// rules in order).
+    pub fn entry_at(&self, at: usize) -> (usize, usize) {
+        if self.uses.is_empty() {
+            return (0, at);
+        }
+        let part = self.parts.partition_point(|p| p.start <= at) - 1;
+        (part, at - self.parts[part].start)
+    }
+
     /// The first state asked for more than it can ever hold, if any.
     pub fn over_capacity(&self) -> Option<OverCapacity> {
         self.over

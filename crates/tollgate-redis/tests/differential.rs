@@ -1,6 +1,11 @@
 //! Differential property test: random sequences of (advance time, rule set, key, operation,
-//! cost), and batches of checks, run against the memory backend and the Redis backend on the same explicit clock must
-//! give identical decisions and identical errors.
+//! cost), and batches of checks, run against the memory backend, the Redis backend (the Lua
+//! twins) and `script::execute` over an in-process store (the Rust engine as a Redis module runs
+//! it), on the same explicit clock, must give identical decisions and identical errors.
+//!
+//! A second test has the Lua twins and `execute` (over the same Redis, command by command) take
+//! turns at random on the same keys: each must read what the other wrote, so the sequence still
+//! decides as the memory backend does.
 //!
 //! Cases: `PROPTEST_CASES` (default 256). A failure prints the shrunk sequence.
 
@@ -9,10 +14,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use tollgate_core::{
-    Backend, Error, Lease, LeaseId, ManualClock, MemoryBackend, Operation, Part, Period, Rule, RuleSet,
+    Backend, Decision, Lease, LeaseId, ManualClock, MemoryBackend, Operation, Part, Period, Rule, RuleSet,
 };
 use tollgate_redis::RedisBackend;
-use tollgate_testkit::RedisServer;
+use tollgate_testkit::{RedisServer, RedisStore, ScriptBackend};
 
 fn ms(n: u64) -> Period {
     Period::from_millis(n).unwrap()
@@ -100,101 +105,141 @@ fn step(sets: usize) -> impl Strategy<Value = Step> {
     ]
 }
 
-fn same<T: PartialEq + std::fmt::Debug>(
-    memory: Result<T, Error>,
-    redis: Result<T, Error>,
-) -> Result<(), String> {
-    match (memory, redis) {
-        (Ok(m), Ok(r)) if m == r => Ok(()),
-        (Err(m), Err(r)) if m.to_string() == r.to_string() => Ok(()),
-        (m, r) => Err(format!("memory: {m:?}\nredis:  {r:?}")),
+/// A step's answer: its decisions, or its error as text (errors are compared by message).
+type Answer = Result<Vec<Decision>, String>;
+
+/// Runs `step` on `backend`; `lease` is the lease a release gives back, `id` the one an acquire
+/// takes.
+async fn answer(
+    backend: &dyn Backend,
+    sets: &[RuleSet],
+    key: &dyn Fn(usize) -> String,
+    step: &Step,
+    id: &LeaseId,
+    lease: Option<&(usize, usize, Lease)>,
+) -> Option<Answer> {
+    let one = |r: Result<Decision, tollgate_core::Error>| Some(r.map(|d| vec![d]).map_err(|e| e.to_string()));
+    match *step {
+        Step::Advance(_) => None,
+        Step::Check { set, key: k, cost } => {
+            one(backend.execute(&key(k), &sets[set], Operation::Check { cost }).await)
+        }
+        Step::Acquire { set, key: k, cost } => {
+            one(backend.execute(&key(k), &sets[set], Operation::Acquire { cost, lease: id }).await)
+        }
+        Step::Release { .. } => {
+            let (set, k, lease) = lease?;
+            one(backend.execute(&key(*k), &sets[*set], Operation::Release { lease }).await)
+        }
+        Step::Refund { set, key: k, amount } => {
+            one(backend.execute(&key(k), &sets[set], Operation::Refund { amount }).await)
+        }
+        Step::Batch(ref parts) => {
+            let keys: Vec<String> = parts.iter().map(|&(_, k, _, _)| key(k)).collect();
+            let batch: Vec<Part<'_>> = parts
+                .iter()
+                .zip(&keys)
+                .map(|(&(set, _, cost, group), k)| Part::new(k, &sets[set], cost).in_group(group))
+                .collect();
+            Some(backend.check_batch(&batch).await.map_err(|e| e.to_string()))
+        }
+        Step::Reset { set, key: k } => {
+            backend.reset(&key(k), &sets[set]).await.unwrap();
+            None
+        }
     }
 }
 
-#[test]
-fn memory_and_redis_decide_alike() {
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+/// Runs random sequences: each step on the memory backend and on the backends `others` picks
+/// for it (by the step's number and its coin), whose answers must all be the memory's.
+fn run_sequences(
+    runtime: &tokio::runtime::Runtime,
+    others: impl Fn(&ManualClock, u64) -> Vec<Box<dyn Backend>>,
+    pick: impl Fn(usize, bool, usize) -> bool,
+) {
     let sets = rule_sets();
     let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(256);
     let mut runner = TestRunner::new(Config { cases, ..Config::default() });
     let next_case = std::sync::atomic::AtomicU64::new(0);
+    let steps = proptest::collection::vec((step(sets.len()), any::<bool>()), 1..80);
     runner
-        .run(&proptest::collection::vec(step(sets.len()), 1..80), |steps| {
+        .run(&steps, |steps| {
             let case = next_case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let clock = ManualClock::at_wall_clock_second();
             let memory = MemoryBackend::with_clock(clock.clone());
-            let redis = runtime.block_on(async {
-                RedisBackend::builder(server.url())
-                    .clock(clock.clone())
-                    .timeout(Duration::from_secs(10))
-                    .build()
-                    .unwrap()
-            });
+            let others = others(&clock, case);
             let key = |k: usize| format!("case{case}:key{k}");
             let mut leases: Vec<(usize, usize, Lease)> = Vec::new();
-            for (i, step) in steps.iter().enumerate() {
-                let outcome = runtime.block_on(async {
-                    match *step {
-                        Step::Advance(micros) => {
-                            clock.advance(Duration::from_micros(micros));
-                            Ok(())
-                        }
-                        Step::Check { set, key: k, cost } => {
-                            let op = Operation::Check { cost };
-                            same(
-                                memory.execute(&key(k), &sets[set], op).await,
-                                redis.execute(&key(k), &sets[set], op).await,
-                            )
-                        }
-                        Step::Acquire { set, key: k, cost } => {
-                            let id = LeaseId::random();
-                            let op = Operation::Acquire { cost, lease: &id };
-                            let m = memory.execute(&key(k), &sets[set], op).await;
-                            let admitted = matches!(&m, Ok(d) if d.allowed() && cost > 0);
-                            let r = redis.execute(&key(k), &sets[set], op).await;
-                            if admitted {
-                                leases.push((set, k, Lease { id, units: cost }));
-                            }
-                            same(m, r)
-                        }
-                        Step::Release { lease } if lease < leases.len() => {
-                            let (set, k, ref lease) = leases[lease];
-                            let op = Operation::Release { lease };
-                            same(
-                                memory.execute(&key(k), &sets[set], op).await,
-                                redis.execute(&key(k), &sets[set], op).await,
-                            )
-                        }
-                        Step::Release { .. } => Ok(()),
-                        Step::Refund { set, key: k, amount } => {
-                            let op = Operation::Refund { amount };
-                            same(
-                                memory.execute(&key(k), &sets[set], op).await,
-                                redis.execute(&key(k), &sets[set], op).await,
-                            )
-                        }
-                        Step::Batch(ref parts) => {
-                            let keys: Vec<String> = parts.iter().map(|&(_, k, _, _)| key(k)).collect();
-                            let batch: Vec<Part<'_>> = parts
-                                .iter()
-                                .zip(&keys)
-                                .map(|(&(set, _, cost, group), k)| {
-                                    Part::new(k, &sets[set], cost).in_group(group)
-                                })
-                                .collect();
-                            same(memory.check_batch(&batch).await, redis.check_batch(&batch).await)
-                        }
-                        Step::Reset { set, key: k } => {
-                            memory.reset(&key(k), &sets[set]).await.unwrap();
-                            redis.reset(&key(k), &sets[set]).await.unwrap();
-                            Ok(())
-                        }
+            for (i, (step, coin)) in steps.iter().enumerate() {
+                if let Step::Advance(micros) = *step {
+                    clock.advance(Duration::from_micros(micros));
+                }
+                let id = LeaseId::random();
+                let lease = match *step {
+                    Step::Release { lease } => leases.get(lease).cloned(),
+                    _ => None,
+                };
+                let expected = runtime.block_on(answer(&memory, &sets, &key, step, &id, lease.as_ref()));
+                for (n, other) in others.iter().enumerate() {
+                    if !pick(n, *coin, others.len()) {
+                        continue;
                     }
-                });
-                outcome.map_err(|e| TestCaseError::fail(format!("step {i} ({step:?}) differs:\n{e}")))?;
+                    let got = runtime.block_on(answer(other.as_ref(), &sets, &key, step, &id, lease.as_ref()));
+                    if got != expected {
+                        return Err(TestCaseError::fail(format!(
+                            "step {i} ({step:?}) differs on backend {n}:\nmemory: {expected:?}\nother:  {got:?}"
+                        )));
+                    }
+                }
+                if let (Step::Acquire { set, key: k, cost }, Some(Ok(d))) = (step, &expected)
+                    && *cost > 0
+                    && d[0].allowed()
+                {
+                    leases.push((*set, *k, Lease { id, units: *cost }));
+                }
             }
             Ok(())
         })
         .unwrap();
+}
+
+fn redis_backend(server: &RedisServer, clock: &ManualClock) -> RedisBackend {
+    RedisBackend::builder(server.url()).clock(clock.clone()).timeout(Duration::from_secs(10)).build().unwrap()
+}
+
+#[test]
+fn memory_redis_and_execute_decide_alike() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let others = |clock: &ManualClock, _| -> Vec<Box<dyn Backend>> {
+        let redis = runtime.block_on(async { redis_backend(&server, clock) });
+        vec![Box::new(redis), Box::new(ScriptBackend::with_clock(clock.clone()))]
+    };
+    run_sequences(&runtime, others, |_, _, _| true);
+}
+
+#[test]
+fn lua_and_execute_take_turns_on_the_same_keys() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let others = |clock: &ManualClock, _| -> Vec<Box<dyn Backend>> {
+        let lua = runtime.block_on(async { redis_backend(&server, clock) });
+        let naming = runtime.block_on(async { redis_backend(&server, clock) });
+        let store = RedisStore::open(&server.url());
+        let execute = ScriptBackend::with_store(
+            clock.clone(),
+            store,
+            Box::new(move |key: &str, rules: &RuleSet| naming.state_keys(key, rules)),
+        );
+        vec![Box::new(lua), Box::new(execute)]
+    };
+    // Each step on one of the two, by its coin.
+    run_sequences(&runtime, others, |n, coin, _| (n == 0) == coin);
+    // Whoever wrote a key gave it a TTL (-1: none; -2: expired since KEYS listed it).
+    let keys: Vec<String> = server.command(&["KEYS", "*"]);
+    assert!(!keys.is_empty());
+    for key in keys {
+        let ttl: i64 = server.command(&["PTTL", &key]);
+        assert!(ttl != -1, "{key} has no TTL");
+    }
 }

@@ -13,8 +13,10 @@
 //!   whose clock the test moves by hand, and the [`conformance_tests!`] macro that turns them
 //!   into tests for one backend.
 //! - [`MapStore`]: an in-process store shaped as Redis is, for `tollgate_core::script::execute`
-//!   (the engine as a Redis module runs it) without a server; [`ScriptBackend`] decides through
-//!   it, so the conformance scenarios run on `execute` too.
+//!   (the engine as a Redis module runs it) without a server; [`RedisStore`], the same over a
+//!   Redis connection, command by command; [`ScriptBackend`] decides through `execute` over
+//!   either, so the conformance scenarios run on `execute` too, and `execute` and the Lua twins
+//!   can take turns on the same Redis keys.
 
 pub mod conformance;
 mod fault_proxy;
@@ -23,10 +25,14 @@ mod postgres_server;
 mod redis_cluster;
 mod redis_sentinel;
 mod redis_server;
+mod redis_store;
+mod script_backend;
 
 pub use fault_proxy::{Direction, FaultProxy};
-pub use map_store::{MapStore, ScriptBackend, Value};
+pub use map_store::{MapStore, Value};
 pub use postgres_server::PostgresServer;
 pub use redis_cluster::{RedisCluster, key_slot};
 pub use redis_sentinel::RedisSentinel;
 pub use redis_server::{OnServer, RedisServer, free_port};
+pub use redis_store::RedisStore;
+pub use script_backend::{KeyNaming, ScriptBackend, TestStore};

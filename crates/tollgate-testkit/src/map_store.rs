@@ -1,15 +1,12 @@
 //! [`MapStore`]: an in-process [`Store`] that behaves as Redis does for the commands a Redis
 //! module would issue, so `tollgate_core::script::execute` can be tested (and fuzzed) without
-//! a server; and [`ScriptBackend`], a [`Backend`] deciding through `execute` over it.
+//! a server.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 
-use async_trait::async_trait;
-use tollgate_core::script::{self, Arg, StateLocation, Store, StoreError};
-use tollgate_core::{
-    Backend, BatchPlan, Clock, Decision, Error, ManualClock, Operation, Part, RuleSet, validate_key,
-};
+use tollgate_core::script::{Store, StoreError};
+
+use crate::TestStore;
 
 /// A value under a key.
 #[derive(Clone, Debug, PartialEq)]
@@ -48,6 +45,11 @@ impl MapStore {
     pub fn put(&mut self, key: &[u8], value: Value) {
         self.values.insert(key.to_vec(), value);
         self.expiries.remove(key);
+    }
+
+    /// Every key's value and expiry, to compare before and after a call.
+    pub fn contents(&self) -> (HashMap<Vec<u8>, Value>, HashMap<Vec<u8>, i64>) {
+        (self.values.clone(), self.expiries.clone())
     }
 
     /// The live keys.
@@ -202,94 +204,8 @@ impl Store for MapStore {
     }
 }
 
-/// A [`Backend`] that decides every operation with `script::execute` over a [`MapStore`], the
-/// way a Redis module would: the script's arguments, the Redis backend's key layout
-/// (`{key}:h` for hash-stored rules, `{key}:<signature>` for the others), the store's clock
-/// set from the backend's clock at each call.
-#[derive(Debug)]
-pub struct ScriptBackend {
-    clock: ManualClock,
-    /// The store, for tests to look into.
-    pub store: Mutex<MapStore>,
-}
-
-impl ScriptBackend {
-    /// A backend on `clock`, with an empty store.
-    pub fn with_clock(clock: ManualClock) -> Self {
-        ScriptBackend { clock, store: Mutex::new(MapStore::default()) }
-    }
-
-    fn state_keys(key: &str, rules: &RuleSet) -> Vec<String> {
-        script::locations(rules)
-            .map(|location| match location {
-                StateLocation::Own { signature } => format!("{{{key}}}:{signature}"),
-                StateLocation::SharedHash { .. } => format!("{{{key}}}:{}", script::SHARED_HASH),
-            })
-            .collect()
-    }
-
-    fn run(&self, parts: &[script::Part<'_>]) -> Result<Vec<Decision>, Error> {
-        let now = self.clock.now();
-        let keys: Vec<String> = parts.iter().flat_map(|p| Self::state_keys(p.key, p.rules)).collect();
-        let args: Vec<Vec<u8>> = script::arguments(parts, Some(now))
-            .iter()
-            .map(|arg| match arg {
-                Arg::Int(n) => n.to_string().into_bytes(),
-                Arg::Text(t) => t.as_bytes().to_vec(),
-            })
-            .collect();
-        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-        let argv: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        store.now = i64::try_from(now.as_micros()).unwrap_or(i64::MAX);
-        let reply = script::execute(&keys, &argv, &mut *store).map_err(|e| Error::Backend(Box::new(e)))?;
-        let (_, decisions) = script::decode(parts, &reply).map_err(|e| Error::Backend(Box::new(e)))?;
-        Ok(decisions)
-    }
-}
-
-#[async_trait]
-impl Backend for ScriptBackend {
-    async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
-        op.validate(key, rules)?;
-        let mut decisions = self.run(&[script::Part::alone(key, rules, op)])?;
-        Ok(decisions.remove(0))
-    }
-
-    async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
-        let plan = BatchPlan::new(parts)?;
-        let order: Vec<usize> = plan.groups().flatten().copied().collect();
-        let script_parts: Vec<script::Part<'_>> = order
-            .iter()
-            .enumerate()
-            .map(|(n, &i)| {
-                let part = &parts[i];
-                let joins = n > 0 && parts[order[n - 1]].group == part.group;
-                script::Part { key: part.key, rules: part.rules, op: Operation::Check { cost: part.cost }, joins }
-            })
-            .collect();
-        let decided = self.run(&script_parts)?;
-        let mut decisions: Vec<Option<Decision>> = vec![None; parts.len()];
-        for (&i, decision) in order.iter().zip(decided) {
-            decisions[i] = Some(decision);
-        }
-        Ok(decisions.into_iter().flatten().collect())
-    }
-
-    async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
-        validate_key(key)?;
-        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        for (location, state_key) in script::locations(rules).zip(Self::state_keys(key, rules)) {
-            let result = match location {
-                StateLocation::Own { .. } => store.delete(state_key.as_bytes()),
-                StateLocation::SharedHash { prefix, fields } => {
-                    let names: Vec<String> = fields.iter().map(|f| format!("{prefix}{f}")).collect();
-                    let names: Vec<&[u8]> = names.iter().map(|n| n.as_bytes()).collect();
-                    store.hash_delete(state_key.as_bytes(), &names)
-                }
-            };
-            result.map_err(|e| Error::Backend(Box::new(e)))?;
-        }
-        Ok(())
+impl TestStore for MapStore {
+    fn set_now(&mut self, micros: i64) {
+        self.now = micros;
     }
 }

@@ -10,10 +10,12 @@
 
 use std::collections::BTreeMap;
 
-use super::{Admission, Algorithm, Corrupt, Report, Stored, count_parameter, period_parameter, stored_integer, to_i64};
-use crate::limits::{MAX_CONCURRENCY_LIMIT, MAX_COUNT};
+use super::{
+    Admission, Algorithm, Corrupt, Report, Stored, count_parameter, period_parameter, stored_integer, to_i64,
+};
 use crate::Period;
 use crate::decision::LeaseId;
+use crate::limits::{MAX_CONCURRENCY_LIMIT, MAX_COUNT};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Concurrency {
@@ -107,13 +109,18 @@ impl Algorithm for Concurrency {
     }
 
     fn from_lua_parameters([limit, lease, _, _]: [i64; 4]) -> Option<Self> {
-        Some(Concurrency { limit: count_parameter(limit, MAX_CONCURRENCY_LIMIT)?, lease: period_parameter(lease)? })
+        Some(Concurrency {
+            limit: count_parameter(limit, MAX_CONCURRENCY_LIMIT)?,
+            lease: period_parameter(lease)?,
+        })
     }
 
     /// The leases from their `<id>=<units>` members (the `<id>` and `#<total>` members repeat
     /// what those say).
-    fn from_stored(&self, stored: &Stored) -> Result<State, Corrupt> {
-        let Stored::Members(members) = stored else { return Err(Corrupt("a hash where a sorted set was expected")) };
+    fn decode(&self, stored: &Stored) -> Result<State, Corrupt> {
+        let Stored::Members(members) = stored else {
+            return Err(Corrupt("a hash where a sorted set was expected"));
+        };
         let mut state = State::default();
         for (member, expiry) in members {
             let Some(eq) = member.iter().position(|&b| b == b'=') else { continue };
@@ -127,12 +134,15 @@ impl Algorithm for Concurrency {
             }
             let expires_at = stored_integer(*expiry as i64, "a lease's expiry")?;
             state.total += units;
+            if state.total > crate::limits::MAX_EXACT {
+                return Err(Corrupt("more units held than any limit"));
+            }
             state.leases.insert(id, Held { units, expires_at });
         }
         Ok(state)
     }
 
-    fn to_stored(&self, s: &State, _previous: &Stored) -> Stored {
+    fn encode(&self, s: &State, _previous: &Stored) -> Stored {
         let mut out = Vec::with_capacity(2 * s.leases.len() + 1);
         for (id, held) in &s.leases {
             let expiry = held.expires_at as f64;

@@ -12,10 +12,11 @@
 use smallvec::smallvec;
 
 use super::{
-    Admission, Algorithm, Corrupt, Report, Stored, count_parameter, fields, floor_div, period_parameter, to_i64,
+    Admission, Algorithm, Corrupt, Report, Stored, count_parameter, fields, floor_div, period_parameter,
+    to_i64,
 };
-use crate::limits::MAX_COUNT;
 use crate::decision::LeaseId;
+use crate::limits::MAX_COUNT;
 use crate::{Align, Period};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,15 +114,19 @@ impl Algorithm for FixedWindow {
             1 => Align::FirstHit,
             _ => return None,
         };
-        Some(FixedWindow { limit: count_parameter(limit, MAX_COUNT)?, period: period_parameter(period)?, align })
+        Some(FixedWindow {
+            limit: count_parameter(limit, MAX_COUNT)?,
+            period: period_parameter(period)?,
+            align,
+        })
     }
 
-    fn from_stored(&self, stored: &Stored) -> Result<State, Corrupt> {
+    fn decode(&self, stored: &Stored) -> Result<State, Corrupt> {
         let [start, count] = fields(stored, "a fixed window's start or count")?;
         Ok(State { start, count: count as u64 })
     }
 
-    fn to_stored(&self, s: &State, _previous: &Stored) -> Stored {
+    fn encode(&self, s: &State, _previous: &Stored) -> Stored {
         Stored::Fields(smallvec![s.start, to_i64(s.count)])
     }
 }

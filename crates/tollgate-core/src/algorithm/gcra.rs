@@ -193,10 +193,10 @@ impl Algorithm for Gcra {
         let exact = num >= 1
             && capacity_wide * den_wide <= i128::from(MAX_EXACT)
             && capacity_wide * num / den_wide <= i128::from(MAX_FILL_MICROS);
-        exact.then(|| Gcra { capacity, quotient, remainder, den, num: num as i64 })
+        exact.then_some(Gcra { capacity, quotient, remainder, den, num: num as i64 })
     }
 
-    fn from_stored(&self, stored: &Stored) -> Result<State, Corrupt> {
+    fn decode(&self, stored: &Stored) -> Result<State, Corrupt> {
         let [whole, frac] = fields(stored, "a GCRA's time")?;
         if frac >= self.den {
             return Err(Corrupt("a GCRA's fraction of a microsecond"));
@@ -204,7 +204,7 @@ impl Algorithm for Gcra {
         Ok(State { tat: Micros { whole, frac } })
     }
 
-    fn to_stored(&self, s: &State, _previous: &Stored) -> Stored {
+    fn encode(&self, s: &State, _previous: &Stored) -> Stored {
         Stored::Fields(smallvec![s.tat.whole, s.tat.frac])
     }
 }

@@ -100,13 +100,13 @@ pub(crate) trait Algorithm: Clone + Debug + PartialEq + Eq {
     /// The state from what the Lua twin stores in Redis ([`Stored::Fields`] in
     /// [`HASH_FIELDS`](Self::HASH_FIELDS) order, absent fields 0, for hash-stored states;
     /// [`Stored::Members`] for the others), as its `load` reads it, before any refresh.
-    fn from_stored(&self, stored: &Stored) -> Result<Self::State, Corrupt>;
+    fn decode(&self, stored: &Stored) -> Result<Self::State, Corrupt>;
 
     /// What the Lua twin would store for `state`, which is not empty
     /// ([`expires_at`](Self::expires_at) is `Some`). `previous` is what was read (sorted sets
     /// keep the scores of the members that did not change, so that a write touches only what
     /// changed).
-    fn to_stored(&self, state: &Self::State, previous: &Stored) -> Stored;
+    fn encode(&self, state: &Self::State, previous: &Stored) -> Stored;
 }
 
 /// A state as the Lua twins store it in Redis (see [`crate::script::execute`]).
@@ -134,7 +134,9 @@ pub(crate) fn stored_integer(value: i64, what: &'static str) -> Result<i64, Corr
 
 /// The hash fields of `stored`, of an algorithm stored as a hash with `n` fields.
 pub(crate) fn fields<const N: usize>(stored: &Stored, what: &'static str) -> Result<[i64; N], Corrupt> {
-    let Stored::Fields(values) = stored else { return Err(Corrupt("a sorted set where a hash was expected")) };
+    let Stored::Fields(values) = stored else {
+        return Err(Corrupt("a sorted set where a hash was expected"));
+    };
     let mut out = [0; N];
     for (slot, &value) in out.iter_mut().zip(values.iter()) {
         *slot = stored_integer(value, what)?;
@@ -331,17 +333,17 @@ macro_rules! algorithms {
                 None
             }
 
-            /// See [`Algorithm::from_stored`].
-            pub(crate) fn from_stored(&self, stored: &Stored) -> Result<State, Corrupt> {
+            /// See [`Algorithm::decode`].
+            pub(crate) fn decode(&self, stored: &Stored) -> Result<State, Corrupt> {
                 match self {
-                    $(AnyAlgorithm::$variant(a) => a.from_stored(stored).map(State::$variant),)+
+                    $(AnyAlgorithm::$variant(a) => a.decode(stored).map(State::$variant),)+
                 }
             }
 
-            /// See [`Algorithm::to_stored`].
-            pub(crate) fn to_stored(&self, state: &mut State, previous: &Stored) -> Stored {
+            /// See [`Algorithm::encode`].
+            pub(crate) fn encode(&self, state: &mut State, previous: &Stored) -> Stored {
                 match self {
-                    $(AnyAlgorithm::$variant(a) => a.to_stored($module::$algorithm::state_in(state), previous),)+
+                    $(AnyAlgorithm::$variant(a) => a.encode($module::$algorithm::state_in(state), previous),)+
                 }
             }
 

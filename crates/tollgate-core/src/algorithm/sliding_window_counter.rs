@@ -24,11 +24,12 @@
 use smallvec::smallvec;
 
 use super::{
-    Admission, Algorithm, Corrupt, Report, Stored, count_parameter, fields, floor_div, period_parameter, to_i64,
+    Admission, Algorithm, Corrupt, Report, Stored, count_parameter, fields, floor_div, period_parameter,
+    to_i64,
 };
-use crate::limits::MAX_COUNT;
 use crate::Period;
 use crate::decision::LeaseId;
+use crate::limits::MAX_COUNT;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SlidingWindowCounter {
@@ -142,15 +143,18 @@ impl Algorithm for SlidingWindowCounter {
     }
 
     fn from_lua_parameters([limit, period, _, _]: [i64; 4]) -> Option<Self> {
-        Some(SlidingWindowCounter { limit: count_parameter(limit, MAX_COUNT)?, period: period_parameter(period)? })
+        Some(SlidingWindowCounter {
+            limit: count_parameter(limit, MAX_COUNT)?,
+            period: period_parameter(period)?,
+        })
     }
 
-    fn from_stored(&self, stored: &Stored) -> Result<State, Corrupt> {
+    fn decode(&self, stored: &Stored) -> Result<State, Corrupt> {
         let [start, previous, current] = fields(stored, "a sliding window counter's start or counts")?;
         Ok(State { start, previous: previous as u64, current: current as u64 })
     }
 
-    fn to_stored(&self, s: &State, _previous: &Stored) -> Stored {
+    fn encode(&self, s: &State, _previous: &Stored) -> Stored {
         Stored::Fields(smallvec![s.start, to_i64(s.previous), to_i64(s.current)])
     }
 }

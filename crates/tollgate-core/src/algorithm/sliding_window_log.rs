@@ -17,10 +17,12 @@
 
 use std::collections::BTreeMap;
 
-use super::{Admission, Algorithm, Corrupt, Report, Stored, count_parameter, period_parameter, stored_integer, to_i64};
-use crate::limits::MAX_LOG_LIMIT;
+use super::{
+    Admission, Algorithm, Corrupt, Report, Stored, count_parameter, period_parameter, stored_integer, to_i64,
+};
 use crate::Period;
 use crate::decision::LeaseId;
+use crate::limits::MAX_LOG_LIMIT;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SlidingWindowLog {
@@ -118,12 +120,17 @@ impl Algorithm for SlidingWindowLog {
     }
 
     fn from_lua_parameters([limit, period, _, _]: [i64; 4]) -> Option<Self> {
-        Some(SlidingWindowLog { limit: count_parameter(limit, MAX_LOG_LIMIT)?, period: period_parameter(period)? })
+        Some(SlidingWindowLog {
+            limit: count_parameter(limit, MAX_LOG_LIMIT)?,
+            period: period_parameter(period)?,
+        })
     }
 
     /// The base member's score, then each entry's running total (see the `.lua` file).
-    fn from_stored(&self, stored: &Stored) -> Result<State, Corrupt> {
-        let Stored::Members(members) = stored else { return Err(Corrupt("a hash where a sorted set was expected")) };
+    fn decode(&self, stored: &Stored) -> Result<State, Corrupt> {
+        let Stored::Members(members) = stored else {
+            return Err(Corrupt("a hash where a sorted set was expected"));
+        };
         let mut members = members.iter();
         let mut state = State::default();
         let Some((first, base)) = members.next() else { return Ok(state) };
@@ -133,7 +140,10 @@ impl Algorithm for SlidingWindowLog {
         let mut before = score(*base)?;
         for (member, total) in members {
             let time = std::str::from_utf8(member).ok().and_then(|t| t.parse::<i64>().ok());
-            let time = stored_integer(time.ok_or(Corrupt("a sliding log entry's time"))?, "a sliding log entry's time")?;
+            let time = stored_integer(
+                time.ok_or(Corrupt("a sliding log entry's time"))?,
+                "a sliding log entry's time",
+            )?;
             let total = score(*total)?;
             let newest = Self::newest(&state);
             if total <= before || newest.is_some_and(|newest| newest >= time) {
@@ -149,7 +159,7 @@ impl Algorithm for SlidingWindowLog {
     /// Keeps the scores of the entries that did not change: the oldest entry keeps its score
     /// when it was stored before with the same units, and the base follows from it (as the Lua
     /// moves the base up when it drops entries), unless the totals pass [`REBASE_AT`].
-    fn to_stored(&self, s: &State, previous: &Stored) -> Stored {
+    fn encode(&self, s: &State, previous: &Stored) -> Stored {
         let previous = match previous {
             Stored::Members(members) => members.as_slice(),
             Stored::Fields(_) => &[],
@@ -157,7 +167,8 @@ impl Algorithm for SlidingWindowLog {
         let mut base = previous.first().map_or(0.0, |(_, score)| *score);
         if let Some((&oldest, &units)) = s.units.first_key_value() {
             let name = oldest.to_string();
-            if let Some((_, total)) = previous.iter().find(|(member, _)| member.as_slice() == name.as_bytes()) {
+            if let Some((_, total)) = previous.iter().find(|(member, _)| member.as_slice() == name.as_bytes())
+            {
                 base = total - units as f64;
             }
         }

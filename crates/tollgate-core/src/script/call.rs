@@ -124,13 +124,20 @@ pub fn execute(keys: &[&[u8]], argv: &[&[u8]], store: &mut impl Store) -> Result
         let rule = &call.rules[entry.rule];
         slots.find_or_read(store, key, rule.prefix, &rule.algorithm)?;
     }
-    let plans: Vec<GroupRun<'_>> =
-        call.groups.iter().map(|group| GroupRun::new(&call, keys, group.clone(), &slots)).collect::<Result<_, _>>()?;
+    let plans: Vec<GroupRun<'_>> = call
+        .groups
+        .iter()
+        .map(|group| GroupRun::new(&call, keys, group.clone(), &slots))
+        .collect::<Result<_, _>>()?;
     let mut reply = Vec::with_capacity(1 + 4 * call.entries.len());
     reply.push(now);
     for plan in &plans {
         engine::phases(now, plan, &mut SlotStates { slots: &mut slots, of_state: &plan.slots }, |a, r| {
-            reply.extend([i64::from(a.admits), i64::try_from(r.remaining).unwrap_or(i64::MAX), r.reset_after]);
+            reply.extend([
+                i64::from(a.admits),
+                i64::try_from(r.remaining).unwrap_or(i64::MAX),
+                r.reset_after,
+            ]);
             reply.push(if a.admits { 0 } else { a.retry_after });
         });
     }
@@ -204,9 +211,17 @@ impl<'c> Reader<'_, 'c> {
     }
 
     /// An integer in `range`.
-    fn int_in(&mut self, range: std::ops::RangeInclusive<i64>, reason: &'static str) -> Result<i64, CallError> {
+    fn int_in(
+        &mut self,
+        range: std::ops::RangeInclusive<i64>,
+        reason: &'static str,
+    ) -> Result<i64, CallError> {
         let value = self.int()?;
-        if range.contains(&value) { Ok(value) } else { Err(CallError::Argument { index: self.at - 1, reason }) }
+        if range.contains(&value) {
+            Ok(value)
+        } else {
+            Err(CallError::Argument { index: self.at - 1, reason })
+        }
     }
 
     fn count(&mut self) -> Result<u64, CallError> {
@@ -242,8 +257,10 @@ impl<'c> Call<'c> {
             let at = r.at;
             let number = r.int()?;
             let parameters = [r.int()?, r.int()?, r.int()?, r.int()?];
-            let algorithm = AnyAlgorithm::from_lua(number, parameters)
-                .ok_or(CallError::Argument { index: at, reason: "an unknown algorithm, or parameters out of range" })?;
+            let algorithm = AnyAlgorithm::from_lua(number, parameters).ok_or(CallError::Argument {
+                index: at,
+                reason: "an unknown algorithm, or parameters out of range",
+            })?;
             let prefix = r.bytes()?;
             rules.push(CallRule { algorithm, prefix });
         }
@@ -350,11 +367,14 @@ struct Slot<'c> {
     state: State,
 }
 
+/// Where a state lives: its key and its fields' prefix.
+type Place<'c> = (&'c [u8], &'c [u8]);
+
 /// The call's states, each read once, by key and field prefix (the same state in Redis).
 #[derive(Default)]
 struct Slots<'c> {
     slots: Vec<Slot<'c>>,
-    index: Option<HashMap<(&'c [u8], &'c [u8]), usize>>,
+    index: Option<HashMap<Place<'c>, usize>>,
 }
 
 impl<'c> Slots<'c> {
@@ -376,7 +396,7 @@ impl<'c> Slots<'c> {
             return Ok(at);
         }
         let (stored, present) = read(store, key, prefix, algorithm)?;
-        let state = algorithm.from_stored(&stored).map_err(|corrupt| StoreError::Corrupt {
+        let state = algorithm.decode(&stored).map_err(|corrupt| StoreError::Corrupt {
             key: String::from_utf8_lossy(key).into_owned(),
             what: corrupt.0.to_owned(),
         })?;
@@ -400,14 +420,17 @@ impl<'c> Slots<'c> {
                     match fields {
                         Some(fields) if !prefix.is_empty() => {
                             let names = field_names(prefix, fields);
-                            store.hash_delete(key, &names.iter().map(Vec::as_slice).collect::<SmallVec<[_; 3]>>())?;
+                            store.hash_delete(
+                                key,
+                                &names.iter().map(Vec::as_slice).collect::<SmallVec<[_; 3]>>(),
+                            )?;
                         }
                         _ => store.delete(key)?,
                     }
                 }
                 continue;
             };
-            let wanted = algorithm.to_stored(state, stored);
+            let wanted = algorithm.encode(state, stored);
             if *present && wanted == *stored {
                 continue;
             }
@@ -491,7 +514,12 @@ struct GroupRun<'a> {
 }
 
 impl<'a> GroupRun<'a> {
-    fn new(call: &'a Call<'_>, keys: &[&[u8]], group: Range<usize>, all: &Slots<'_>) -> Result<Self, CallError> {
+    fn new(
+        call: &'a Call<'_>,
+        keys: &[&[u8]],
+        group: Range<usize>,
+        all: &Slots<'_>,
+    ) -> Result<Self, CallError> {
         let mut run = GroupRun { demands: SmallVec::new(), entries: SmallVec::new(), slots: SmallVec::new() };
         for e in group {
             let entry = &call.entries[e];
@@ -527,12 +555,20 @@ impl<'a> GroupRun<'a> {
 }
 
 impl<'a> Group<'a> for GroupRun<'a> {
-    fn demands(&self) -> impl Iterator<Item = Demand<'a>> {
-        self.demands.iter().copied()
+    fn states(&self) -> usize {
+        self.demands.len()
     }
 
-    fn entries(&self) -> impl Iterator<Item = Entry<'a>> {
-        self.entries.iter().copied()
+    fn demand(&self, at: usize) -> Demand<'a> {
+        self.demands[at]
+    }
+
+    fn entries(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn entry(&self, at: usize) -> Entry<'a> {
+        self.entries[at]
     }
 }
 
@@ -545,5 +581,38 @@ struct SlotStates<'s, 'c> {
 impl States for SlotStates<'_, '_> {
     fn get(&mut self, index: usize) -> &mut State {
         &mut self.slots.slots[self.of_state[index]].state
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Period, Rule, RuleSet};
+
+    #[test]
+    fn every_rule_is_read_back_as_the_algorithm_it_compiled_to() {
+        let odd = Period::from_millis(333).unwrap();
+        let rules = RuleSet::new([
+            Rule::fixed_window(7, odd),
+            Rule::fixed_window_from_first_hit(7, Period::MAX),
+            Rule::sliding_window_log(10_000, Period::MIN),
+            Rule::sliding_window_counter(1_000_000_000_000, Period::DAY),
+            Rule::token_bucket(5, 3, Period::SECOND),
+            Rule::gcra(999_999_937, Period::MAX, 1),
+            Rule::concurrency(10_000, odd),
+        ])
+        .unwrap();
+        for rule in rules.compiled() {
+            let number = rule.algorithm.lua_index() as i64 + 1;
+            let read = AnyAlgorithm::from_lua(number, rule.algorithm.lua_parameters());
+            assert_eq!(read.as_ref(), Some(&rule.algorithm), "{:?}", rule.rule);
+        }
+        assert_eq!(AnyAlgorithm::from_lua(0, [1, 1000, 0, 0]), None);
+        assert_eq!(AnyAlgorithm::from_lua(6, [1, 1000, 0, 0]), None);
+        assert_eq!(AnyAlgorithm::from_lua(1, [1, 0, 0, 0]), None, "a period of 0 divides by zero");
+        assert_eq!(AnyAlgorithm::from_lua(1, [1, 1000, 2, 0]), None, "alignment is 0 or 1");
+        assert_eq!(AnyAlgorithm::from_lua(4, [1, 0, 0, 1]), None, "an interval of 0");
+        assert_eq!(AnyAlgorithm::from_lua(4, [1, 1, 5, 5]), None, "a remainder of a whole den");
+        assert_eq!(AnyAlgorithm::from_lua(2, [10_001, 1000, 0, 0]), None, "a log beyond its limit");
     }
 }
