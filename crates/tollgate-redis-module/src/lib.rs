@@ -27,7 +27,8 @@
 //!   the data set, which is what `fast` promises (latency monitoring, `MULTI` accounting).
 //! - Key specs: the keys start at argument 1 (after the name), their count is argument 1 and
 //!   they follow it one by one, so Redis Cluster routes the command (and refuses cross-slot
-//!   calls) as it routes `EVALSHA`.
+//!   calls) as it routes `EVALSHA`. Redis 7.0 finds the keys of a module command by asking it
+//!   (`getkeys-api`) rather than by its key specs, so the command answers that question too.
 //! - Replication: the writes' effects, never the command (see [`store`]).
 //!
 //! # Testing
