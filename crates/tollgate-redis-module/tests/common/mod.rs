@@ -1,0 +1,179 @@
+//! What the module's tests share: the built module, a server that loads it, calls in the
+//! script's convention (KEYS and ARGV as `tollgate-redis` builds them), and a dump of a server's
+//! keys to compare.
+//!
+//! The module under test is the cdylib cargo builds for this test run: the crate is also an
+//! rlib, so `cargo test -p tollgate-redis-module` compiles the library, both kinds at once,
+//! before the tests, and the `.so` lands in `target/<profile>/deps/`, beside the test binary.
+//! The tests do not link the rlib (it installs Redis's allocator, which only works inside
+//! redis-server). `TOLLGATE_REDIS_MODULE=/path/to/lib.so` tests another build instead.
+
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use tollgate_core::script::{self, Arg, Part, StateLocation};
+use tollgate_core::{Operation, RuleSet, Timestamp};
+use tollgate_testkit::RedisServer;
+
+/// The module's file: `TOLLGATE_REDIS_MODULE`, else the cdylib beside this test binary (or one
+/// directory up, where `cargo build` puts it).
+///
+/// # Panics
+/// When it is not there: the tests fail, never skip, without the module.
+pub fn module_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("TOLLGATE_REDIS_MODULE") {
+        return PathBuf::from(path);
+    }
+    let name =
+        format!("{}tollgate_redis_module{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let deps = exe.parent().expect("the test binary's directory");
+    [Some(deps), deps.parent()]
+        .into_iter()
+        .flatten()
+        .map(|dir| dir.join(&name))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} is neither in {} nor one level up: run the tests with `cargo test -p \
+                 tollgate-redis-module`, which builds it, or set TOLLGATE_REDIS_MODULE",
+                deps.display()
+            )
+        })
+}
+
+/// A private redis-server that loaded the module.
+pub fn server_with_module(extra: &[&str]) -> RedisServer {
+    let path = module_path();
+    let path = path.to_str().expect("the module's path is UTF-8");
+    let mut args = vec!["--loadmodule", path];
+    args.extend_from_slice(extra);
+    RedisServer::start_with(&args)
+}
+
+/// A connection to `server`.
+pub fn connect(server: &RedisServer) -> redis::Connection {
+    redis::Client::open(server.url())
+        .and_then(|c| c.get_connection_with_timeout(std::time::Duration::from_secs(5)))
+        .expect("connect to the private redis-server")
+}
+
+/// One call in the script's convention.
+#[derive(Clone, Debug)]
+pub struct Call {
+    /// KEYS.
+    pub keys: Vec<String>,
+    /// ARGV.
+    pub argv: Vec<String>,
+}
+
+/// The state keys of `key` under `rules`, named as `tollgate-redis` names them
+/// (`tg:{key}:<signature>`, or `tg:{key}:h` for the shared hash).
+pub fn state_keys(key: &str, rules: &RuleSet) -> Vec<String> {
+    script::locations(rules)
+        .map(|location| match location {
+            StateLocation::Own { signature } => format!("tg:{{{key}}}:{signature}"),
+            StateLocation::SharedHash { .. } => format!("tg:{{{key}}}:{}", script::SHARED_HASH),
+        })
+        .collect()
+}
+
+/// The call that decides `parts` at `now` (Redis's clock with `None`).
+pub fn call(parts: &[Part<'_>], now: Option<Timestamp>) -> Call {
+    let keys = parts.iter().flat_map(|p| state_keys(p.key, p.rules)).collect();
+    let argv = script::arguments(parts, now)
+        .into_iter()
+        .map(|arg| match arg {
+            Arg::Int(n) => n.to_string(),
+            Arg::Text(t) => t.to_owned(),
+        })
+        .collect();
+    Call { keys, argv }
+}
+
+/// A lone check of `cost` on `key`.
+pub fn check<'a>(key: &'a str, rules: &'a RuleSet, cost: u64) -> Part<'a> {
+    Part::alone(key, rules, Operation::Check { cost })
+}
+
+/// `TOLLGATE.DECIDE` with `call`.
+pub fn decide_module(conn: &mut redis::Connection, call: &Call) -> redis::RedisResult<Vec<i64>> {
+    redis::cmd("TOLLGATE.DECIDE").arg(call.keys.len()).arg(&call.keys).arg(&call.argv).query(conn)
+}
+
+/// The script's SHA on `conn`'s server, loading it (the variant with every algorithm).
+pub fn load_script(conn: &mut redis::Connection) -> String {
+    redis::cmd("SCRIPT").arg("LOAD").arg(script::Variant::ALL.source()).query(conn).expect("SCRIPT LOAD")
+}
+
+/// `EVALSHA sha` with `call`: the Lua twin's answer.
+pub fn decide_lua(conn: &mut redis::Connection, sha: &str, call: &Call) -> redis::RedisResult<Vec<i64>> {
+    redis::cmd("EVALSHA").arg(sha).arg(call.keys.len()).arg(&call.keys).arg(&call.argv).query(conn)
+}
+
+/// A key's value, as comparable text, and its time to live in milliseconds (-1: none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// `hash`, `zset`, `string`, ...
+    pub kind: String,
+    /// Hash fields or sorted set members (member -> score), sorted; a string's value.
+    pub value: BTreeMap<String, String>,
+    /// PTTL.
+    pub ttl: i64,
+}
+
+/// Every key of `conn`'s server with its value and TTL.
+pub fn dump(conn: &mut redis::Connection) -> BTreeMap<String, Entry> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(conn).expect("KEYS");
+    keys.into_iter()
+        .filter_map(|key| {
+            let kind: String = redis::cmd("TYPE").arg(&key).query(conn).expect("TYPE");
+            let value: BTreeMap<String, String> = match kind.as_str() {
+                "hash" => redis::cmd("HGETALL").arg(&key).query(conn).expect("HGETALL"),
+                "zset" => redis::cmd("ZRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query::<Vec<(String, String)>>(conn)
+                    .expect("ZRANGE")
+                    .into_iter()
+                    .collect(),
+                "string" => {
+                    let v: String = redis::cmd("GET").arg(&key).query(conn).expect("GET");
+                    BTreeMap::from([(String::new(), v)])
+                }
+                "none" => return None, // expired between KEYS and TYPE
+                other => panic!("{key} holds a {other}, which no test writes"),
+            };
+            let ttl: i64 = redis::cmd("PTTL").arg(&key).query(conn).expect("PTTL");
+            Some((key, Entry { kind, value, ttl }))
+        })
+        .collect()
+}
+
+/// SplitMix64: a small seeded generator, so a failing random test replays exactly.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number below `n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// True with probability `1 / n`.
+    pub fn one_in(&mut self, n: u64) -> bool {
+        self.below(n) == 0
+    }
+}
