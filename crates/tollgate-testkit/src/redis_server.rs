@@ -211,7 +211,9 @@ fn spawn(port: u16, dir: &Path, extra: &[&str]) -> std::io::Result<Child> {
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        // To a file, never a pipe nobody reads: a module's panic messages could fill it and
+        // stall the server.
+        .stderr(std::fs::File::create(dir.join("stderr.log"))?)
         .spawn()
 }
 
