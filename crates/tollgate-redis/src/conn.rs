@@ -72,6 +72,42 @@ const SCRIPT_ATTEMPTS: usize = 8;
 /// Most `ASK` targets kept connected; nodes come and go, so past this they are all dropped.
 const ASK_TARGETS: usize = 16;
 
+/// What to do when the node that runs a call lacks its code (see [`Connections::script`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Missing<'a> {
+    /// `EVALSHA` answered `NOSCRIPT`: send this instead (an `EVAL` with the script's body).
+    Script(&'a (dyn Fn() -> Cmd + Sync)),
+    /// `FCALL` answered that the function is not there: send this (`FUNCTION LOAD`) first.
+    Library(&'a Cmd),
+}
+
+/// Whether `error` says the node lacks the code `missing` would give it.
+fn lacks_code(error: &RedisError, missing: &Missing<'_>) -> bool {
+    match missing {
+        Missing::Script(_) => error.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
+        // Redis and Valkey: "ERR Function not found".
+        Missing::Library(_) => {
+            error.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
+                && error.detail().is_some_and(|d| d.starts_with("Function not found"))
+        }
+    }
+}
+
+/// Whether `error`, the answer to `FCALL` or `FUNCTION LOAD`, says the server has no Redis
+/// Functions (before Redis 7.0: "ERR unknown command 'FCALL'"), or that this user may not use
+/// them: then scripts (`EVALSHA`) do the work.
+pub(crate) fn functions_unavailable(error: &RedisError) -> bool {
+    let detail = error.detail().unwrap_or_default();
+    match error.kind() {
+        ErrorKind::Server(ServerErrorKind::ResponseError) => detail.starts_with("unknown command"),
+        ErrorKind::Server(ServerErrorKind::NoPerm) => {
+            let detail = detail.to_ascii_lowercase();
+            detail.contains("'fcall'") || detail.contains("'function")
+        }
+        _ => false,
+    }
+}
+
 /// One connection, of either kind.
 #[derive(Clone)]
 pub(crate) enum Conn {
@@ -259,8 +295,10 @@ impl Connections {
         }
     }
 
-    /// Runs a script call: `evalsha`, or `eval()` (the script's body) on a node that has not
-    /// got the script.
+    /// Runs a call of the engine: `cmd`, and when the node that runs it answers that it lacks
+    /// the code, what `missing` says: for a script (`EVALSHA`), `EVAL` with its body in its
+    /// place; for a library's function (`FCALL`), `FUNCTION LOAD` on that node, then `cmd`
+    /// again. Either once a call.
     ///
     /// On a cluster, redirections are followed here rather than by the cluster client, which
     /// follows `ASK` by sending `ASKING` and then the command as two requests on a connection
@@ -280,9 +318,8 @@ impl Connections {
     /// script cannot run twice, and a connection that last failed while Redis was down (its
     /// error kept until the next use) does not fail the first call after Redis is back. Any
     /// other connection error (lost with the request maybe sent, a timeout) is returned.
-    pub(crate) async fn script(&self, evalsha: Cmd, eval: impl Fn() -> Cmd) -> Result<Value, RedisError> {
-        let (mut cmd, mut evaled, mut ask) = (evalsha, false, None::<String>);
-        // The connection of the last attempt, and whether a refusal was already tried again.
+    pub(crate) async fn script(&self, cmd: Cmd, missing: Missing<'_>) -> Result<Value, RedisError> {
+        let (mut cmd, mut recovered, mut ask) = (cmd, false, None::<String>);
         let (mut last, mut refusal_retried) = (None::<Conn>, false);
         let mut attempt = 0;
         loop {
@@ -301,19 +338,48 @@ impl Connections {
             };
             // A new connection for each attempt, unless kept below for a refusal.
             let tried_on = last.take();
-            let error = match result {
+            let mut error = match result {
                 Ok(value) => return Ok(value),
                 Err(error) if attempt >= SCRIPT_ATTEMPTS => return Err(error),
                 Err(error) => error,
             };
+            if !recovered && lacks_code(&error, &missing) {
+                match missing {
+                    // `EVAL` goes where the call goes and leaves the script there for the next
+                    // `EVALSHA`. (`SCRIPT LOAD`, which the redis crate's `Script` sends, reaches
+                    // only the masters a cluster client knows of: not a master that joined and
+                    // is being handed a slot.)
+                    Missing::Script(eval) => {
+                        (cmd, recovered) = (eval(), true);
+                        continue;
+                    }
+                    // Loaded where the call went: the `ASK` target, or (the cluster client
+                    // sends `FUNCTION LOAD` to every master it knows, the one the call went to
+                    // among them) the node of the call. `REPLACE`: calls that found it missing
+                    // at the same time each load it, and all succeed.
+                    Missing::Library(load) => {
+                        let loaded = match (self, &ask) {
+                            (Connections::Cluster(cluster), Some(target)) => {
+                                cluster.asking(target, load).await.map(drop)
+                            }
+                            _ => match tried_on.clone() {
+                                Some(mut conn) => load.query_async::<()>(&mut conn).await,
+                                None => load.query_async::<()>(&mut self.next().await?).await,
+                            },
+                        };
+                        match loaded {
+                            Ok(()) => {
+                                recovered = true;
+                                continue;
+                            }
+                            Err(load_error) => error = load_error,
+                        }
+                    }
+                }
+            }
             // Waits 20, 40, 80, then 100 ms.
             let pause = Duration::from_millis((10u64 << attempt.min(4)).min(100));
             match error.kind() {
-                // The node that would run it has not got the script: `EVAL` goes where the
-                // call goes and leaves the script there for the next `EVALSHA`. (`SCRIPT LOAD`,
-                // which the redis crate's `Script` sends, reaches only the masters a cluster
-                // client knows of: not a master that joined and is being handed a slot.)
-                ErrorKind::Server(ServerErrorKind::NoScript) if !evaled => (cmd, evaled) = (eval(), true),
                 _ if !self.is_cluster() && error.is_connection_refusal() && !refusal_retried => {
                     (last, refusal_retried) = (tried_on, true);
                 }
