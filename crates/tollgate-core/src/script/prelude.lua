@@ -74,8 +74,10 @@ local function hload(location, f1, f2, f3)
   return tonumber(v[1]) or 0, tonumber(v[2]) or 0
 end
 
--- The latest expiry (microseconds) each key's TTL was set to cover during this call.
-local TTL_COVERS = {}
+-- The latest expiry (microseconds) each key's TTL was set to cover during this call (set by
+-- the engine at the start of each call); `false` when the call decides one rule alone, whose
+-- key no later rule of the call can meet: then nothing is recorded (a table less per call).
+local TTL_COVERS = false
 
 -- Writes fields f1, f2 (and f3) with values v1, v2 (and v3) and makes the key live at least
 -- until `expires_at`. A shared hash lives as long as its longest-lived state: its TTL only ever
@@ -96,7 +98,7 @@ local function hstore(location, expires_at, now, f1, v1, f2, v2, f3, v3)
     expire_at(key, expires_at, now)
     return
   end
-  local covered = TTL_COVERS[key]
+  local covered = TTL_COVERS and TTL_COVERS[key]
   if (covered and covered >= expires_at) or (CLOCK_IS_REDIS and location.had >= expires_at) then
     return
   end
@@ -108,7 +110,9 @@ local function hstore(location, expires_at, now, f1, v1, f2, v2, f3, v3)
   if covered or location.had > 0 or redis.call('PEXPIRE', key, ms, 'NX') == 0 then
     redis.call('PEXPIRE', key, ms, 'GT')
   end
-  TTL_COVERS[key] = math.max(covered or 0, expires_at)
+  if TTL_COVERS then
+    TTL_COVERS[key] = math.max(covered or 0, expires_at)
+  end
 end
 
 -- Forgets the location's state: its key, or its fields f1, f2 (and f3) of the shared hash.
@@ -116,7 +120,9 @@ local function hclear(location, f1, f2, f3)
   local prefix = location.prefix
   -- the key may be gone now, and recreated without a TTL by the next store
   location.had = 0
-  TTL_COVERS[location.key] = nil
+  if TTL_COVERS then
+    TTL_COVERS[location.key] = nil
+  end
   if prefix == '' then
     redis.call('DEL', location.key)
   elseif f3 then
