@@ -20,6 +20,8 @@
 -- holds the state, unless the group plan says an earlier entry of the group names the same
 -- state: then `owner` is that entry, which loads the state once and sums the demand on it.
 local now, reply, entries = 0, false, false
+-- The seconds of Redis's clock last read, as TIME gives them and in microseconds.
+local clock_text, clock_seconds = false, 0
 
 -- Runs the entries entries[first..last], one group's; `joint` when the group has several parts
 -- (only then may an entry have an owner).
@@ -176,7 +178,11 @@ local function decide(KEYS, ARGV)
   CLOCK_IS_REDIS = not now
   if not now then
     local time = redis.call('TIME')
-    now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+    -- (the seconds, parsed once a second in a library: see int in the prelude)
+    if time[1] ~= clock_text then
+      clock_text, clock_seconds = time[1], tonumber(time[1]) * 1000000
+    end
+    now = clock_seconds + tonumber(time[2])
   end
   local args = #ARGV
   if args == 2 + PER_RULE + RUN_HEADER + 1 and ARGV[2 + PER_RULE + 1] == OP_RUN then

@@ -16,8 +16,33 @@ local TTL_MARGIN_MS = 1000
 -- The algorithms in this script, by number.
 local ALGORITHMS = {}
 
+-- The last timestamp-sized number (at least 10^12) written as text, and read from text: in a
+-- library, which keeps them between calls, the next call often writes or reads the same one
+-- (a fixed window's start, the same for every key in the window), and string.format and
+-- tonumber cost about 2,000 and 1,500 instructions where a comparison costs next to nothing.
+local written, written_text, read_text, read = false, false, false, 0
+
 local function int(x)
-  return string.format('%d', x)
+  if x == written then
+    return written_text
+  end
+  local text = string.format('%d', x)
+  if x >= 1e12 then
+    written, written_text = x, text
+  end
+  return text
+end
+
+-- A stored field's value as a number, 0 when absent (`false`, as Redis gives a missing field).
+local function num(text)
+  if text == read_text then
+    return read
+  end
+  local n = tonumber(text) or 0
+  if n >= 1e12 then
+    read_text, read = text, n
+  end
+  return n
 end
 
 -- floor(a / b) and the remainder, exact for integers below 2^53 and b > 0: the quotient is
@@ -68,10 +93,10 @@ local function hload(location, f1, f2, f3)
   location.had = 0
   if f3 then
     local v = redis.call('HMGET', location.key, prefix .. f1, prefix .. f2, prefix .. f3)
-    return tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0
+    return num(v[1]), num(v[2]), num(v[3])
   end
   local v = redis.call('HMGET', location.key, prefix .. f1, prefix .. f2)
-  return tonumber(v[1]) or 0, tonumber(v[2]) or 0
+  return num(v[1]), num(v[2])
 end
 
 -- The latest expiry (microseconds) each key's TTL was set to cover during this call (set by
