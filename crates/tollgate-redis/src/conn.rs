@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     Cmd, ConnectionAddr, ErrorKind, IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo, PushKind,
@@ -77,8 +78,14 @@ const ASK_TARGETS: usize = 16;
 pub(crate) enum Missing<'a> {
     /// `EVALSHA` answered `NOSCRIPT`: send this instead (an `EVAL` with the script's body).
     Script(&'a (dyn Fn() -> Cmd + Sync)),
-    /// `FCALL` answered that the function is not there: send this (`FUNCTION LOAD`) first.
-    Library(&'a Cmd),
+    /// `FCALL` answered that the function is not there: send `load` (`FUNCTION LOAD`) first,
+    /// to the node that serves `key` (the call's first key, on a cluster).
+    Library {
+        /// The command that loads the library.
+        load: &'a Cmd,
+        /// A key of the call.
+        key: &'a str,
+    },
 }
 
 /// Whether `error` says the node lacks the code `missing` would give it.
@@ -86,7 +93,7 @@ fn lacks_code(error: &RedisError, missing: &Missing<'_>) -> bool {
     match missing {
         Missing::Script(_) => error.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
         // Redis and Valkey: "ERR Function not found".
-        Missing::Library(_) => {
+        Missing::Library { .. } => {
             error.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
                 && error.detail().is_some_and(|d| d.starts_with("Function not found"))
         }
@@ -353,19 +360,26 @@ impl Connections {
                         (cmd, recovered) = (eval(), true);
                         continue;
                     }
-                    // Loaded where the call went: the `ASK` target, or (the cluster client
-                    // sends `FUNCTION LOAD` to every master it knows, the one the call went to
-                    // among them) the node of the call. `REPLACE`: calls that found it missing
-                    // at the same time each load it, and all succeed.
-                    Missing::Library(load) => {
-                        let loaded = match (self, &ask) {
-                            (Connections::Cluster(cluster), Some(target)) => {
+                    // Loaded where the call went: on the `ASK` target, or the master of the
+                    // call's slot (which the cluster client knows, having sent the call there).
+                    // `REPLACE`: calls that found it missing at the same time each load it, and
+                    // all succeed.
+                    Missing::Library { load, key } => {
+                        let loaded = match (self, &ask, tried_on.clone()) {
+                            (Connections::Cluster(cluster), Some(target), _) => {
                                 cluster.asking(target, load).await.map(drop)
                             }
-                            _ => match tried_on.clone() {
-                                Some(mut conn) => load.query_async::<()>(&mut conn).await,
-                                None => load.query_async::<()>(&mut self.next().await?).await,
-                            },
+                            (_, _, Some(Conn::Cluster(mut conn))) => {
+                                let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+                                    key,
+                                    SlotAddr::Master,
+                                ));
+                                conn.route_command(load.clone(), RoutingInfo::SingleNode(route))
+                                    .await
+                                    .map(drop)
+                            }
+                            (_, _, Some(mut conn)) => load.query_async::<()>(&mut conn).await,
+                            (_, _, None) => load.query_async::<()>(&mut self.next().await?).await,
                         };
                         match loaded {
                             Ok(()) => {

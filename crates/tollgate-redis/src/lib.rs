@@ -1,11 +1,15 @@
 //! Tollgate's Redis backend: rule states in Redis, decided by the algorithms' Lua twins.
 //!
-//! One operation is one script call (`EVALSHA`; `EVAL` with the script's body when the node that
-//! runs it has not got it: after a restart or `SCRIPT FLUSH`, or on a master that joined a
-//! cluster), whatever the number of rules, so a multi-rule check is atomic. The script
-//! takes `now` from Redis's `TIME`, so instances with skewed clocks agree; every key it writes
-//! gets a TTL in the same step; all keys of one check share a hash tag, so it runs unchanged on
-//! Redis Cluster. The Lua itself lives in `tollgate-core`, beside each algorithm's Rust form;
+//! One operation is one call of the engine, whatever the number of rules, so a multi-rule check
+//! is atomic: `FCALL` of Tollgate's Redis Functions library (Redis 7.0+; see
+//! [`script::library`](tollgate_core::script::library)), which defines the engine once per
+//! node rather than once per call, and which the backend `FUNCTION LOAD`s on a node that
+//! answers that it has not got it (after a restart, `FUNCTION FLUSH`, on a master that joined a
+//! cluster); on a server without Functions, a script call (`EVALSHA`; `EVAL` with the script's
+//! body when the node has not got it). The library is named after its code, so Tollgate
+//! versions sharing a Redis each call their own. The engine takes `now` from Redis's `TIME`, so
+//! instances with skewed clocks agree; every key it writes gets a TTL in the same step; all keys
+//! of one check share a hash tag, so it runs unchanged on Redis Cluster. The Lua itself lives in `tollgate-core`, beside each algorithm's Rust form;
 //! this crate only connects, names keys and maps errors.
 //!
 //! ```no_run
@@ -308,24 +312,27 @@ impl Client {
             }
             cmd
         };
-        let reply = self.bounded(self.call(call, variant)).await?;
+        let key = keys.first().map_or("", String::as_str);
+        let reply = self.bounded(self.call(call, key, variant)).await?;
         let reply: Vec<i64> = redis::from_redis_value(reply).map_err(|e| Error::Backend(Box::new(e)))?;
         let (_, decisions) = script::decode(parts, &reply).map_err(|e| Error::Backend(Box::new(e)))?;
         Ok(decisions)
     }
 
-    /// Sends a call of the engine, made by `call(verb, function or script)`: `FCALL` of the
-    /// library while the server has Redis Functions, `EVALSHA` of `variant`'s script (the
-    /// fallback) once it is seen not to.
+    /// Sends a call of the engine, made by `call(verb, function or script)`, whose first key is
+    /// `key`: `FCALL` of the library while the server has Redis Functions, `EVALSHA` of
+    /// `variant`'s script (the fallback) once it is seen not to.
     async fn call(
         &self,
         call: impl Fn(&str, &str) -> Cmd + Sync,
+        key: &str,
         variant: Variant,
     ) -> Result<Value, RedisError> {
         if self.functions.load(Ordering::Relaxed) {
             let library = &*LIBRARY;
             let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&library.source).to_owned();
-            match self.connections.script(call("FCALL", &library.name), Missing::Library(&load)).await {
+            let missing = Missing::Library { load: &load, key };
+            match self.connections.script(call("FCALL", &library.name), missing).await {
                 Err(e) if conn::functions_unavailable(&e) => self.functions.store(false, Ordering::Relaxed),
                 result => return result,
             }
