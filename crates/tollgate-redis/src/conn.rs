@@ -536,6 +536,44 @@ mod tests {
         assert_eq!(cluster_nodes("redis://127.0.0.1:6379"), None);
     }
 
+    /// The error a server answers with `reply` (RESP, as it comes on the wire).
+    fn server_error(reply: &str) -> RedisError {
+        let value = redis::parse_redis_value(reply.as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
+
+    #[test]
+    fn a_server_without_functions_is_told_from_a_node_without_the_library() {
+        let load = redis::cmd("FUNCTION");
+        let library = Missing::Library { load: &load, key: "k" };
+        let eval = || redis::cmd("EVAL");
+        let script = Missing::Script(&eval);
+        // Redis 6 (and a Redis 7 with the command renamed away), Valkey alike.
+        for reply in [
+            "-ERR unknown command 'FCALL', with args beginning with: 'tollgate_x' '1' \r\n",
+            "-ERR unknown command `FUNCTION`, with args beginning with: `LOAD`, \r\n",
+            "-NOPERM User app has no permissions to run the 'fcall' command\r\n",
+            "-NOPERM User app has no permissions to run the 'function|load' command\r\n",
+        ] {
+            let error = server_error(reply);
+            assert!(functions_unavailable(&error), "{reply}");
+            assert!(!lacks_code(&error, &library), "{reply}");
+        }
+        let missing = server_error("-ERR Function not found\r\n");
+        assert!(lacks_code(&missing, &library) && !lacks_code(&missing, &script));
+        assert!(!functions_unavailable(&missing), "a node without the library gets it loaded");
+        let noscript = server_error("-NOSCRIPT No matching script. Please use EVAL.\r\n");
+        assert!(lacks_code(&noscript, &script) && !lacks_code(&noscript, &library));
+        assert!(!functions_unavailable(&noscript));
+        // Nor any other error: a key's NOPERM, a script's own failure.
+        for reply in [
+            "-NOPERM No permissions to access a key\r\n",
+            "-ERR user_script:1: Script attempted to access nonexistent global variable\r\n",
+        ] {
+            assert!(!functions_unavailable(&server_error(reply)), "{reply}");
+        }
+    }
+
     #[test]
     fn sentinel_urls_list_sentinels_and_name_the_service() {
         let (addresses, service, credentials) =
