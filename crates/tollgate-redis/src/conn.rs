@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     Cmd, ConnectionAddr, ErrorKind, IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo, PushKind,
@@ -71,6 +72,48 @@ const SCRIPT_ATTEMPTS: usize = 8;
 
 /// Most `ASK` targets kept connected; nodes come and go, so past this they are all dropped.
 const ASK_TARGETS: usize = 16;
+
+/// What to do when the node that runs a call lacks its code (see [`Connections::script`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Missing<'a> {
+    /// `EVALSHA` answered `NOSCRIPT`: send this instead (an `EVAL` with the script's body).
+    Script(&'a (dyn Fn() -> Cmd + Sync)),
+    /// `FCALL` answered that the function is not there: send `load` (`FUNCTION LOAD`) first,
+    /// to the node that serves `key` (the call's first key, on a cluster).
+    Library {
+        /// The command that loads the library.
+        load: &'a Cmd,
+        /// A key of the call.
+        key: &'a str,
+    },
+}
+
+/// Whether `error` says the node lacks the code `missing` would give it.
+fn lacks_code(error: &RedisError, missing: &Missing<'_>) -> bool {
+    match missing {
+        Missing::Script(_) => error.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
+        // Redis and Valkey: "ERR Function not found".
+        Missing::Library { .. } => {
+            error.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
+                && error.detail().is_some_and(|d| d.starts_with("Function not found"))
+        }
+    }
+}
+
+/// Whether `error`, the answer to `FCALL` or `FUNCTION LOAD`, says the server has no Redis
+/// Functions (before Redis 7.0: "ERR unknown command 'FCALL'"), or that this user may not use
+/// them: then scripts (`EVALSHA`) do the work.
+pub(crate) fn functions_unavailable(error: &RedisError) -> bool {
+    let detail = error.detail().unwrap_or_default();
+    match error.kind() {
+        ErrorKind::Server(ServerErrorKind::ResponseError) => detail.starts_with("unknown command"),
+        ErrorKind::Server(ServerErrorKind::NoPerm) => {
+            let detail = detail.to_ascii_lowercase();
+            detail.contains("'fcall'") || detail.contains("'function")
+        }
+        _ => false,
+    }
+}
 
 /// One connection, of either kind.
 #[derive(Clone)]
@@ -259,8 +302,10 @@ impl Connections {
         }
     }
 
-    /// Runs a script call: `evalsha`, or `eval()` (the script's body) on a node that has not
-    /// got the script.
+    /// Runs a call of the engine: `cmd`, and when the node that runs it answers that it lacks
+    /// the code, what `missing` says: for a script (`EVALSHA`), `EVAL` with its body in its
+    /// place; for a library's function (`FCALL`), `FUNCTION LOAD` on that node, then `cmd`
+    /// again. Either once a call.
     ///
     /// On a cluster, redirections are followed here rather than by the cluster client, which
     /// follows `ASK` by sending `ASKING` and then the command as two requests on a connection
@@ -280,9 +325,8 @@ impl Connections {
     /// script cannot run twice, and a connection that last failed while Redis was down (its
     /// error kept until the next use) does not fail the first call after Redis is back. Any
     /// other connection error (lost with the request maybe sent, a timeout) is returned.
-    pub(crate) async fn script(&self, evalsha: Cmd, eval: impl Fn() -> Cmd) -> Result<Value, RedisError> {
-        let (mut cmd, mut evaled, mut ask) = (evalsha, false, None::<String>);
-        // The connection of the last attempt, and whether a refusal was already tried again.
+    pub(crate) async fn script(&self, cmd: Cmd, missing: Missing<'_>) -> Result<Value, RedisError> {
+        let (mut cmd, mut recovered, mut ask) = (cmd, false, None::<String>);
         let (mut last, mut refusal_retried) = (None::<Conn>, false);
         let mut attempt = 0;
         loop {
@@ -301,19 +345,55 @@ impl Connections {
             };
             // A new connection for each attempt, unless kept below for a refusal.
             let tried_on = last.take();
-            let error = match result {
+            let mut error = match result {
                 Ok(value) => return Ok(value),
                 Err(error) if attempt >= SCRIPT_ATTEMPTS => return Err(error),
                 Err(error) => error,
             };
+            if !recovered && lacks_code(&error, &missing) {
+                match missing {
+                    // `EVAL` goes where the call goes and leaves the script there for the next
+                    // `EVALSHA`. (`SCRIPT LOAD`, which the redis crate's `Script` sends, reaches
+                    // only the masters a cluster client knows of: not a master that joined and
+                    // is being handed a slot.)
+                    Missing::Script(eval) => {
+                        (cmd, recovered) = (eval(), true);
+                        continue;
+                    }
+                    // Loaded where the call went: on the `ASK` target, or the master of the
+                    // call's slot (which the cluster client knows, having sent the call there).
+                    // `REPLACE`: calls that found it missing at the same time each load it, and
+                    // all succeed.
+                    Missing::Library { load, key } => {
+                        let loaded = match (self, &ask, tried_on.clone()) {
+                            (Connections::Cluster(cluster), Some(target), _) => {
+                                cluster.asking(target, load).await.map(drop)
+                            }
+                            (_, _, Some(Conn::Cluster(mut conn))) => {
+                                let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+                                    key,
+                                    SlotAddr::Master,
+                                ));
+                                conn.route_command(load.clone(), RoutingInfo::SingleNode(route))
+                                    .await
+                                    .map(drop)
+                            }
+                            (_, _, Some(mut conn)) => load.query_async::<()>(&mut conn).await,
+                            (_, _, None) => load.query_async::<()>(&mut self.next().await?).await,
+                        };
+                        match loaded {
+                            Ok(()) => {
+                                recovered = true;
+                                continue;
+                            }
+                            Err(load_error) => error = load_error,
+                        }
+                    }
+                }
+            }
             // Waits 20, 40, 80, then 100 ms.
             let pause = Duration::from_millis((10u64 << attempt.min(4)).min(100));
             match error.kind() {
-                // The node that would run it has not got the script: `EVAL` goes where the
-                // call goes and leaves the script there for the next `EVALSHA`. (`SCRIPT LOAD`,
-                // which the redis crate's `Script` sends, reaches only the masters a cluster
-                // client knows of: not a master that joined and is being handed a slot.)
-                ErrorKind::Server(ServerErrorKind::NoScript) if !evaled => (cmd, evaled) = (eval(), true),
                 _ if !self.is_cluster() && error.is_connection_refusal() && !refusal_retried => {
                     (last, refusal_retried) = (tried_on, true);
                 }
@@ -454,6 +534,44 @@ mod tests {
             Some(vec!["rediss://app:s3cret@a:6380".to_owned(), "rediss://app:s3cret@b:6380".to_owned()])
         );
         assert_eq!(cluster_nodes("redis://127.0.0.1:6379"), None);
+    }
+
+    /// The error a server answers with `reply` (RESP, as it comes on the wire).
+    fn server_error(reply: &str) -> RedisError {
+        let value = redis::parse_redis_value(reply.as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
+
+    #[test]
+    fn a_server_without_functions_is_told_from_a_node_without_the_library() {
+        let load = redis::cmd("FUNCTION");
+        let library = Missing::Library { load: &load, key: "k" };
+        let eval = || redis::cmd("EVAL");
+        let script = Missing::Script(&eval);
+        // Redis 6 (and a Redis 7 with the command renamed away), Valkey alike.
+        for reply in [
+            "-ERR unknown command 'FCALL', with args beginning with: 'tollgate_x' '1' \r\n",
+            "-ERR unknown command `FUNCTION`, with args beginning with: `LOAD`, \r\n",
+            "-NOPERM User app has no permissions to run the 'fcall' command\r\n",
+            "-NOPERM User app has no permissions to run the 'function|load' command\r\n",
+        ] {
+            let error = server_error(reply);
+            assert!(functions_unavailable(&error), "{reply}");
+            assert!(!lacks_code(&error, &library), "{reply}");
+        }
+        let missing = server_error("-ERR Function not found\r\n");
+        assert!(lacks_code(&missing, &library) && !lacks_code(&missing, &script));
+        assert!(!functions_unavailable(&missing), "a node without the library gets it loaded");
+        let noscript = server_error("-NOSCRIPT No matching script. Please use EVAL.\r\n");
+        assert!(lacks_code(&noscript, &script) && !lacks_code(&noscript, &library));
+        assert!(!functions_unavailable(&noscript));
+        // Nor any other error: a key's NOPERM, a script's own failure.
+        for reply in [
+            "-NOPERM No permissions to access a key\r\n",
+            "-ERR user_script:1: Script attempted to access nonexistent global variable\r\n",
+        ] {
+            assert!(!functions_unavailable(&server_error(reply)), "{reply}");
+        }
     }
 
     #[test]

@@ -1,11 +1,15 @@
 //! Tollgate's Redis backend: rule states in Redis, decided by the algorithms' Lua twins.
 //!
-//! One operation is one script call (`EVALSHA`; `EVAL` with the script's body when the node that
-//! runs it has not got it: after a restart or `SCRIPT FLUSH`, or on a master that joined a
-//! cluster), whatever the number of rules, so a multi-rule check is atomic. The script
-//! takes `now` from Redis's `TIME`, so instances with skewed clocks agree; every key it writes
-//! gets a TTL in the same step; all keys of one check share a hash tag, so it runs unchanged on
-//! Redis Cluster. The Lua itself lives in `tollgate-core`, beside each algorithm's Rust form;
+//! One operation is one call of the engine, whatever the number of rules, so a multi-rule check
+//! is atomic: `FCALL` of Tollgate's Redis Functions library (Redis 7.0+; see
+//! [`script::library`](tollgate_core::script::library)), which defines the engine once per
+//! node rather than once per call, and which the backend `FUNCTION LOAD`s on a node that
+//! answers that it has not got it (after a restart, `FUNCTION FLUSH`, on a master that joined a
+//! cluster); on a server without Functions, a script call (`EVALSHA`; `EVAL` with the script's
+//! body when the node has not got it). The library is named after its code, so Tollgate
+//! versions sharing a Redis each call their own. The engine takes `now` from Redis's `TIME`, so
+//! instances with skewed clocks agree; every key it writes gets a TTL in the same step; all keys
+//! of one check share a hash tag, so it runs unchanged on Redis Cluster. The Lua itself lives in `tollgate-core`, beside each algorithm's Rust form;
 //! this crate only connects, names keys and maps errors.
 //!
 //! ```no_run
@@ -28,18 +32,18 @@ mod conn;
 mod deny_cache;
 mod keys;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::{RedisError, Script, ServerErrorKind};
+use redis::{Cmd, RedisError, Script, ServerErrorKind, Value};
 use tollgate_core::limits::MAX_BATCH_PARTS;
 use tollgate_core::script::{self, Arg, StateLocation, Variant};
 use tollgate_core::{Backend, BatchPlan, Clock, Decision, Error, Operation, Part, RuleSet, validate_key};
 
 use crate::coalesce::Coalescer;
-use crate::conn::Connections;
+use crate::conn::{Connections, Missing};
 use crate::deny_cache::DenyCache;
 
 pub use keys::PrefixError;
@@ -49,6 +53,30 @@ const RESET_LUA: &str = include_str!("reset.lua");
 
 /// The reset script, with its SHA1 computed once.
 static RESET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RESET_LUA));
+
+/// The engine's Redis Functions library (see [`script::library`]), named after its code.
+static LIBRARY: LazyLock<Library> = LazyLock::new(|| Library::named(library_name()));
+
+/// A library's name (also its function's) and the source that loads it.
+struct Library {
+    name: String,
+    source: String,
+}
+
+impl Library {
+    fn named(name: String) -> Library {
+        let source = script::library(&name);
+        Library { name, source }
+    }
+}
+
+/// `tollgate_` and the first 12 hex digits of the SHA1 of the library's code: another
+/// Tollgate version's library, with other code, has another name, so both live in one Redis
+/// (each instance calls its own), and a library of that name is this very code.
+fn library_name() -> String {
+    let hash = Script::new(script::library_code()).get_hash().to_owned();
+    format!("tollgate_{}", &hash[..12])
+}
 
 /// Why a backend could not be configured.
 #[derive(Debug, thiserror::Error)]
@@ -156,6 +184,7 @@ impl RedisBackendBuilder {
         let client = Arc::new(Client {
             connections,
             scripts: std::array::from_fn(|_| OnceLock::new()),
+            functions: AtomicBool::new(true),
             prefix: self.prefix.into(),
             timeout: self.timeout,
             clock: self.clock,
@@ -179,8 +208,13 @@ pub struct RedisBackend {
 /// prepared scripts, key names, timeout, clock.
 pub(crate) struct Client {
     connections: Connections,
-    /// One prepared script (source and SHA1) per variant, made on first use.
+    /// One prepared script (source and SHA1) per variant, made on first use: the fallback
+    /// when Redis has no Functions.
     scripts: [OnceLock<Script>; Variant::COUNT],
+    /// Whether calls go to the library (`FCALL`): until a node says it has no Redis Functions
+    /// (before 7.0), then scripts for the backend's life. Tollgate's Redis nodes are one
+    /// version, so one answer holds for all.
+    functions: AtomicBool,
     prefix: Arc<str>,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
@@ -265,7 +299,6 @@ impl Client {
     pub(crate) async fn run(&self, parts: &[script::Part<'_>]) -> Result<Vec<Decision>, Error> {
         let now = self.clock.as_ref().map(|c| c.now());
         let variant = Variant::of_parts(parts);
-        let prepared = self.scripts[variant.index()].get_or_init(|| Script::new(variant.source()));
         let keys: Vec<String> = parts.iter().flat_map(|part| self.state_keys(part.key, part.rules)).collect();
         let args = script::arguments(parts, now);
         let call = |verb: &str, script: &str| {
@@ -279,11 +312,34 @@ impl Client {
             }
             cmd
         };
-        let (evalsha, eval) = (call("EVALSHA", prepared.get_hash()), || call("EVAL", variant.source()));
-        let reply = self.bounded(self.connections.script(evalsha, eval)).await?;
+        let key = keys.first().map_or("", String::as_str);
+        let reply = self.bounded(self.call(call, key, variant)).await?;
         let reply: Vec<i64> = redis::from_redis_value(reply).map_err(|e| Error::Backend(Box::new(e)))?;
         let (_, decisions) = script::decode(parts, &reply).map_err(|e| Error::Backend(Box::new(e)))?;
         Ok(decisions)
+    }
+
+    /// Sends a call of the engine, made by `call(verb, function or script)`, whose first key is
+    /// `key`: `FCALL` of the library while the server has Redis Functions, `EVALSHA` of
+    /// `variant`'s script (the fallback) once it is seen not to.
+    async fn call(
+        &self,
+        call: impl Fn(&str, &str) -> Cmd + Sync,
+        key: &str,
+        variant: Variant,
+    ) -> Result<Value, RedisError> {
+        if self.functions.load(Ordering::Relaxed) {
+            let library = &*LIBRARY;
+            let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&library.source).to_owned();
+            let missing = Missing::Library { load: &load, key };
+            match self.connections.script(call("FCALL", &library.name), missing).await {
+                Err(e) if conn::functions_unavailable(&e) => self.functions.store(false, Ordering::Relaxed),
+                result => return result,
+            }
+        }
+        let prepared = self.scripts[variant.index()].get_or_init(|| Script::new(variant.source()));
+        let eval = || call("EVAL", variant.source());
+        self.connections.script(call("EVALSHA", prepared.get_hash()), Missing::Script(&eval)).await
     }
 
     /// Runs `fut` within the timeout, mapping errors.
@@ -398,9 +454,9 @@ impl Backend for RedisBackend {
             cmd.arg(script).arg(keys.len()).arg(&keys).arg(&args);
             cmd
         };
-        let script = &*RESET_SCRIPT;
-        let (evalsha, eval) = (call("EVALSHA", script.get_hash()), || call("EVAL", RESET_LUA));
-        self.client.bounded(self.client.connections.script(evalsha, eval)).await?;
+        let eval = || call("EVAL", RESET_LUA);
+        let evalsha = call("EVALSHA", RESET_SCRIPT.get_hash());
+        self.client.bounded(self.client.connections.script(evalsha, Missing::Script(&eval))).await?;
         Ok(())
     }
 

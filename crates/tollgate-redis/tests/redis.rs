@@ -277,11 +277,11 @@ async fn hash_stored_rules_of_a_set_share_one_hash() {
     assert!(server.keys().is_empty(), "an emptied hash is gone");
 }
 
-/// Script calls made so far (`EVALSHA` and `EVAL` in `INFO commandstats`).
+/// Calls of the engine made so far (`FCALL`, `EVALSHA` and `EVAL` in `INFO commandstats`).
 fn script_calls(server: &RedisServer) -> u64 {
     let info: String = server.command(&["INFO", "commandstats"]);
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"].iter().any(|c| l.starts_with(c)))
         .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
         .sum()
 }
