@@ -58,7 +58,8 @@ pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
 }
 
-/// `EVALSHA` + `EVAL` calls and their microseconds so far, from `INFO commandstats`.
+/// `FCALL` + `EVALSHA` + `EVAL` calls (the engine's library, or its scripts without Redis
+/// Functions) and their microseconds so far, from `INFO commandstats`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ScriptStats {
     calls: u64,
@@ -72,9 +73,8 @@ impl ScriptStats {
         let mut conn = client.get_multiplexed_async_connection().await?;
         let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await?;
         let mut stats = ScriptStats { calls: 0, usec: 0.0 };
-        for line in
-            info.lines().filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        {
+        let engine_calls = ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"];
+        for line in info.lines().filter(|l| engine_calls.iter().any(|c| l.starts_with(c))) {
             for field in line.split(':').nth(1).unwrap_or("").split(',') {
                 match field.split_once('=') {
                     Some(("calls", v)) => stats.calls += v.parse::<u64>().unwrap_or(0),

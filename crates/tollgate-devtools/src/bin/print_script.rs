@@ -3,12 +3,23 @@
 //! `redis-benchmark` (see scripts/bench-redis-cpu).
 //!
 //! `cargo run -q -p tollgate-devtools --bin print_script -- fixed_window gcra > tollgate.lua`
+//!
+//! With `--library`, prints instead the Redis Functions library the backend loads on Redis 7.0+
+//! (every algorithm; `FUNCTION LOAD` it), and its function's name on stderr.
 
 use tollgate_core::script::Variant;
 use tollgate_core::{Period, Rule, RuleSet};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let names: Vec<String> = std::env::args().skip(1).collect();
+    if names.iter().any(|n| n == "--library") {
+        // As tollgate-redis names it: after the SHA1 of its code.
+        let hash = redis::Script::new(tollgate_core::script::library_code()).get_hash().to_owned();
+        let name = format!("tollgate_{}", &hash[..12]);
+        print!("{}", tollgate_core::script::library(&name));
+        eprintln!("function {name}");
+        return Ok(());
+    }
     let variant = if names.is_empty() {
         Variant::ALL
     } else {
