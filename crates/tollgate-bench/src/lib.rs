@@ -86,6 +86,10 @@ pub struct BenchArgs {
     /// default (off here, so every decision reaches Redis unless asked).
     #[arg(long)]
     pub deny_cache: bool,
+    /// Redis target: which engine decides inside Redis (auto, module or lua; module needs the
+    /// Tollgate Redis module loaded).
+    #[arg(long, default_value = "auto")]
+    pub redis_engine: tollgate_redis::Engine,
     /// Print the summary as JSON (for scripts) instead of a table.
     #[arg(long)]
     pub json: bool,

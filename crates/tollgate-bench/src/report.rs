@@ -58,8 +58,9 @@ pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
 }
 
-/// `FCALL` + `EVALSHA` + `EVAL` calls (the engine's library, or its scripts without Redis
-/// Functions) and their microseconds so far, from `INFO commandstats`.
+/// `TOLLGATE.DECIDE` + `FCALL` + `EVALSHA` + `EVAL` calls (the Redis module's command, the
+/// engine's library, or its scripts without Redis Functions) and their microseconds so far,
+/// from `INFO commandstats`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ScriptStats {
     calls: u64,
@@ -73,7 +74,8 @@ impl ScriptStats {
         let mut conn = client.get_multiplexed_async_connection().await?;
         let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await?;
         let mut stats = ScriptStats { calls: 0, usec: 0.0 };
-        let engine_calls = ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"];
+        let engine_calls =
+            ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_tollgate.decide:"];
         for line in info.lines().filter(|l| engine_calls.iter().any(|c| l.starts_with(c))) {
             for field in line.split(':').nth(1).unwrap_or("").split(',') {
                 match field.split_once('=') {

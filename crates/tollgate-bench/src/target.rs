@@ -105,9 +105,13 @@ async fn redis(args: &BenchArgs, rules: RuleSet) -> anyhow::Result<Client> {
         .connections(args.connections)
         .coalesce(args.coalesce)
         .deny_cache(args.deny_cache)
+        .engine(args.redis_engine)
         .timeout(Duration::from_secs(5))
         .build()?;
     backend.ping().await.context("Redis does not answer")?;
+    if args.redis_engine == tollgate_redis::Engine::Module {
+        backend.require_module().await.context("--redis-engine module")?;
+    }
     Ok(Client::Redis(Arc::new(backend), rules))
 }
 

@@ -86,6 +86,14 @@ pub(crate) enum Missing<'a> {
         /// A key of the call.
         key: &'a str,
     },
+    /// The module's command: nothing can be loaded (a node without the module answers
+    /// "unknown command", which the caller handles). On a cluster it is routed by `key`, the
+    /// call's first key: the cluster client knows where EVALSHA's and FCALL's keys sit, not
+    /// a module command's.
+    Module {
+        /// A key of the call.
+        key: &'a str,
+    },
 }
 
 /// Whether `error` says the node lacks the code `missing` would give it.
@@ -97,6 +105,7 @@ fn lacks_code(error: &RedisError, missing: &Missing<'_>) -> bool {
             error.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
                 && error.detail().is_some_and(|d| d.starts_with("Function not found"))
         }
+        Missing::Module { .. } => false,
     }
 }
 
@@ -338,7 +347,14 @@ impl Connections {
                         Some(conn) => conn,
                         None => self.next().await?,
                     };
-                    let result = cmd.query_async::<Value>(&mut conn).await;
+                    let result = match (&mut conn, &missing) {
+                        (Conn::Cluster(cluster), Missing::Module { key }) => {
+                            let route = Route::with_key(key, SlotAddr::Master);
+                            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                            cluster.route_command(cmd.clone(), routing).await
+                        }
+                        _ => cmd.query_async::<Value>(&mut conn).await,
+                    };
                     last = Some(conn);
                     result
                 }
@@ -389,6 +405,8 @@ impl Connections {
                             Err(load_error) => error = load_error,
                         }
                     }
+                    // Never lacking code it could be given (see `lacks_code`).
+                    Missing::Module { .. } => {}
                 }
             }
             // Waits 20, 40, 80, then 100 ms.

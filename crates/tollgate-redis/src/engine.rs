@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 /// them after the script's hash.
 pub(crate) const MODULE_COMMAND: &str = "TOLLGATE.DECIDE";
 
+/// Calls of the engine by the engine that took them (`engine` = `module` or `lua`).
+pub(crate) const CALLS_METRIC: &str = "tollgate_redis_calls_total";
+
 /// How long `auto` keeps to the Lua after Redis said it has no module, before it asks again
 /// (a module loaded meanwhile, or a new Cluster master that has it, is then used).
 const ASK_AGAIN: Duration = Duration::from_secs(10);
@@ -158,7 +161,8 @@ mod tests {
         assert!(!choice.module_first(), "kept to the Lua for a while");
         assert_eq!(choice.current(), "lua");
         choice.missing_at.store(0, Ordering::Relaxed);
-        let long_ago = Choice { start: Instant::now() - ASK_AGAIN, ..Choice::new(Engine::Auto) };
+        let start = Instant::now().checked_sub(ASK_AGAIN).expect("a clock running for 10 s");
+        let long_ago = Choice { start, ..Choice::new(Engine::Auto) };
         long_ago.module_missing();
         long_ago.missing_at.store(0, Ordering::Relaxed);
         assert!(long_ago.module_first(), "asked again after ASK_AGAIN");

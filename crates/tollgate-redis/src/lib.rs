@@ -30,6 +30,7 @@
 mod coalesce;
 mod conn;
 mod deny_cache;
+mod engine;
 mod keys;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,6 +47,7 @@ use crate::coalesce::Coalescer;
 use crate::conn::{Connections, Missing};
 use crate::deny_cache::DenyCache;
 
+pub use engine::{Engine, EngineError};
 pub use keys::PrefixError;
 
 /// The reset script's source (see the file for its arguments).
@@ -108,10 +110,20 @@ pub struct RedisBackendBuilder {
     connections: usize,
     coalesce: usize,
     deny_cache: bool,
+    engine: Engine,
     clock: Option<Arc<dyn Clock>>,
 }
 
 impl RedisBackendBuilder {
+    /// Which engine decides inside Redis (default [`Engine::Auto`]: the Tollgate Redis
+    /// module's `TOLLGATE.DECIDE` where Redis has it loaded, else the Lua). Both use the same
+    /// keys and state encoding, so the module can be loaded or unloaded under load. With
+    /// [`Engine::Module`], check with [`RedisBackend::require_module`] before serving.
+    pub fn engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self
+    }
+
     /// Namespace for every key (default `tollgate`): keys are `<prefix>:{<key>}:<rule>`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -185,6 +197,7 @@ impl RedisBackendBuilder {
             connections,
             scripts: std::array::from_fn(|_| OnceLock::new()),
             functions: AtomicBool::new(true),
+            engine: engine::Choice::new(self.engine),
             prefix: self.prefix.into(),
             timeout: self.timeout,
             clock: self.clock,
@@ -215,6 +228,8 @@ pub(crate) struct Client {
     /// (before 7.0), then scripts for the backend's life. Tollgate's Redis nodes are one
     /// version, so one answer holds for all.
     functions: AtomicBool,
+    /// The engine chosen, and what `auto` learnt of the module.
+    engine: engine::Choice,
     prefix: Arc<str>,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
@@ -271,8 +286,36 @@ impl RedisBackend {
             connections: 2,
             coalesce: 32,
             deny_cache: true,
+            engine: Engine::default(),
             clock: None,
         }
+    }
+
+    /// Checks that every node the backend reaches has the Tollgate Redis module loaded (its
+    /// `TOLLGATE.DECIDE`), as [`Engine::Module`] needs: a server configured so refuses to
+    /// start without it.
+    pub async fn require_module(&self) -> Result<(), Error> {
+        for conn in self.client.bounded(self.client.connections.all()).await? {
+            let mut conn = conn.clone();
+            let info: Value = self
+                .client
+                .bounded(async move {
+                    redis::cmd("COMMAND").arg("INFO").arg(engine::MODULE_COMMAND).query_async(&mut conn).await
+                })
+                .await?;
+            let missing = match &info {
+                Value::Array(entries) => entries.iter().all(|e| matches!(e, Value::Nil)),
+                _ => true,
+            };
+            if missing {
+                return Err(Error::Backend(
+                    "the Tollgate Redis module is not loaded (redis-server --loadmodule \
+                     libtollgate_redis_module.so), and the engine is \"module\""
+                        .into(),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The Redis keys holding `key`'s state under `rules`, in the rules' order: hash-stored
@@ -301,7 +344,8 @@ impl Client {
         let variant = Variant::of_parts(parts);
         let keys: Vec<String> = parts.iter().flat_map(|part| self.state_keys(part.key, part.rules)).collect();
         let args = script::arguments(parts, now);
-        let call = |verb: &str, script: &str| {
+        // `verb [script] numkeys KEYS ARGV`: the module's command takes no script.
+        let call = |verb: &str, script: Option<&str>| {
             let mut cmd = redis::cmd(verb);
             cmd.arg(script).arg(keys.len()).arg(&keys);
             for arg in &args {
@@ -324,22 +368,38 @@ impl Client {
     /// `variant`'s script (the fallback) once it is seen not to.
     async fn call(
         &self,
-        call: impl Fn(&str, &str) -> Cmd + Sync,
+        call: impl Fn(&str, Option<&str>) -> Cmd + Sync,
         key: &str,
         variant: Variant,
     ) -> Result<Value, RedisError> {
+        if self.engine.module_first() {
+            let sent =
+                self.connections.script(call(engine::MODULE_COMMAND, None), Missing::Module { key }).await;
+            match sent {
+                Err(e) if engine::is_unknown_command(&e) && self.engine.engine() == Engine::Auto => {
+                    self.engine.module_missing();
+                }
+                Err(e) => return Err(e),
+                Ok(reply) => {
+                    self.engine.module_answered();
+                    metrics::counter!(engine::CALLS_METRIC, "engine" => "module").increment(1);
+                    return Ok(reply);
+                }
+            }
+        }
+        metrics::counter!(engine::CALLS_METRIC, "engine" => "lua").increment(1);
         if self.functions.load(Ordering::Relaxed) {
             let library = &*LIBRARY;
             let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&library.source).to_owned();
             let missing = Missing::Library { load: &load, key };
-            match self.connections.script(call("FCALL", &library.name), missing).await {
+            match self.connections.script(call("FCALL", Some(&library.name)), missing).await {
                 Err(e) if conn::functions_unavailable(&e) => self.functions.store(false, Ordering::Relaxed),
                 result => return result,
             }
         }
         let prepared = self.scripts[variant.index()].get_or_init(|| Script::new(variant.source()));
-        let eval = || call("EVAL", variant.source());
-        self.connections.script(call("EVALSHA", prepared.get_hash()), Missing::Script(&eval)).await
+        let eval = || call("EVAL", Some(variant.source()));
+        self.connections.script(call("EVALSHA", Some(prepared.get_hash())), Missing::Script(&eval)).await
     }
 
     /// Runs `fut` within the timeout, mapping errors.
@@ -426,6 +486,10 @@ impl Backend for RedisBackend {
             }
         }
         Ok(decisions.into_iter().flatten().collect())
+    }
+
+    fn engine(&self) -> Option<&'static str> {
+        Some(self.client.engine.current())
     }
 
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {

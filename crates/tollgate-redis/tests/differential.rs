@@ -1,11 +1,12 @@
 //! Differential property test: random sequences of (advance time, rule set, key, operation,
 //! cost), and batches of checks, run against the memory backend, the Redis backend (the Lua
-//! twins) and `script::execute` over an in-process store (the Rust engine as a Redis module runs
-//! it), on the same explicit clock, must give identical decisions and identical errors.
+//! twins) and `script::execute` over an in-process store (the Rust engine as the Redis module
+//! runs it), on the same explicit clock, must give identical decisions and identical errors.
 //!
-//! A second test has the Lua twins and `execute` (over the same Redis, command by command) take
-//! turns at random on the same keys: each must read what the other wrote, so the sequence still
-//! decides as the memory backend does.
+//! The first test also runs the Redis backend on the Tollgate Redis module's engine. A second
+//! test has the Lua twins, the module and `execute` (over the same Redis, command by command)
+//! take turns at random on the same keys: each must read what the others wrote, so the
+//! sequence still decides as the memory backend does.
 //!
 //! Cases: `PROPTEST_CASES` (default 256). A failure prints the shrunk sequence.
 
@@ -16,7 +17,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use tollgate_core::{
     Backend, Decision, Lease, LeaseId, ManualClock, MemoryBackend, Operation, Part, Period, Rule, RuleSet,
 };
-use tollgate_redis::RedisBackend;
+use tollgate_redis::{Engine, RedisBackend};
 use tollgate_testkit::{RedisServer, RedisStore, ScriptBackend};
 
 fn ms(n: u64) -> Period {
@@ -150,18 +151,19 @@ async fn answer(
     }
 }
 
-/// Runs random sequences: each step on the memory backend and on the backends `others` picks
-/// for it (by the step's number and its coin), whose answers must all be the memory's.
+/// Runs random sequences: each step on the memory backend and on those of the backends `others`
+/// makes that `pick` picks for it (by their number and the step's random choice), whose
+/// answers must all be the memory's.
 fn run_sequences(
     runtime: &tokio::runtime::Runtime,
     others: impl Fn(&ManualClock, u64) -> Vec<Box<dyn Backend>>,
-    pick: impl Fn(usize, bool, usize) -> bool,
+    pick: impl Fn(usize, u8) -> bool,
 ) {
     let sets = rule_sets();
     let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(256);
     let mut runner = TestRunner::new(Config { cases, ..Config::default() });
     let next_case = std::sync::atomic::AtomicU64::new(0);
-    let steps = proptest::collection::vec((step(sets.len()), any::<bool>()), 1..80);
+    let steps = proptest::collection::vec((step(sets.len()), any::<u8>()), 1..80);
     runner
         .run(&steps, |steps| {
             let case = next_case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -170,7 +172,7 @@ fn run_sequences(
             let others = others(&clock, case);
             let key = |k: usize| format!("case{case}:key{k}");
             let mut leases: Vec<(usize, usize, Lease)> = Vec::new();
-            for (i, (step, coin)) in steps.iter().enumerate() {
+            for (i, (step, choice)) in steps.iter().enumerate() {
                 if let Step::Advance(micros) = *step {
                     clock.advance(Duration::from_micros(micros));
                 }
@@ -181,7 +183,7 @@ fn run_sequences(
                 };
                 let expected = runtime.block_on(answer(&memory, &sets, &key, step, &id, lease.as_ref()));
                 for (n, other) in others.iter().enumerate() {
-                    if !pick(n, *coin, others.len()) {
+                    if !pick(n, *choice) {
                         continue;
                     }
                     let got = runtime.block_on(answer(other.as_ref(), &sets, &key, step, &id, lease.as_ref()));
@@ -203,38 +205,46 @@ fn run_sequences(
         .unwrap();
 }
 
-fn redis_backend(server: &RedisServer, clock: &ManualClock) -> RedisBackend {
-    RedisBackend::builder(server.url()).clock(clock.clone()).timeout(Duration::from_secs(10)).build().unwrap()
+fn redis_backend(server: &RedisServer, clock: &ManualClock, engine: Engine) -> RedisBackend {
+    RedisBackend::builder(server.url())
+        .engine(engine)
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
 }
 
 #[test]
-fn memory_redis_and_execute_decide_alike() {
-    let server = RedisServer::start();
+fn memory_lua_module_and_execute_decide_alike() {
+    let lua_server = RedisServer::start();
+    let module_server = RedisServer::with_module(&[]);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let others = |clock: &ManualClock, _| -> Vec<Box<dyn Backend>> {
-        let redis = runtime.block_on(async { redis_backend(&server, clock) });
-        vec![Box::new(redis), Box::new(ScriptBackend::with_clock(clock.clone()))]
+        let lua = runtime.block_on(async { redis_backend(&lua_server, clock, Engine::Lua) });
+        let module = runtime.block_on(async { redis_backend(&module_server, clock, Engine::Module) });
+        vec![Box::new(lua), Box::new(module), Box::new(ScriptBackend::with_clock(clock.clone()))]
     };
-    run_sequences(&runtime, others, |_, _, _| true);
+    run_sequences(&runtime, others, |_, _| true);
 }
 
 #[test]
-fn lua_and_execute_take_turns_on_the_same_keys() {
-    let server = RedisServer::start();
+fn lua_module_and_execute_take_turns_on_the_same_keys() {
+    let server = RedisServer::with_module(&[]);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let others = |clock: &ManualClock, _| -> Vec<Box<dyn Backend>> {
-        let lua = runtime.block_on(async { redis_backend(&server, clock) });
-        let naming = runtime.block_on(async { redis_backend(&server, clock) });
+        let lua = runtime.block_on(async { redis_backend(&server, clock, Engine::Lua) });
+        let module = runtime.block_on(async { redis_backend(&server, clock, Engine::Module) });
+        let naming = runtime.block_on(async { redis_backend(&server, clock, Engine::Lua) });
         let store = RedisStore::open(&server.url());
         let execute = ScriptBackend::with_store(
             clock.clone(),
             store,
             Box::new(move |key: &str, rules: &RuleSet| naming.state_keys(key, rules)),
         );
-        vec![Box::new(lua), Box::new(execute)]
+        vec![Box::new(lua), Box::new(module), Box::new(execute)]
     };
-    // Each step on one of the two, by its coin.
-    run_sequences(&runtime, others, |n, coin, _| (n == 0) == coin);
+    // Each step on one of the three, at random.
+    run_sequences(&runtime, others, |n, choice| n == usize::from(choice % 3));
     // Whoever wrote a key gave it a TTL (-1: none; -2: expired since KEYS listed it).
     let keys: Vec<String> = server.command(&["KEYS", "*"]);
     assert!(!keys.is_empty());

@@ -117,6 +117,11 @@ struct ServeArgs {
     /// Overrides the config's [backend].
     #[arg(long, env = "TOLLGATE_REDIS_URL", value_name = "URL")]
     redis: Option<String>,
+    /// Which engine decides inside Redis: auto (the Tollgate Redis module where Redis has it
+    /// loaded, else the Lua), module (refuses to start without it) or lua [default: the
+    /// config's backend.engine, else auto].
+    #[arg(long, env = "TOLLGATE_REDIS_ENGINE", value_name = "ENGINE")]
+    redis_engine: Option<tollgate_config::RedisEngine>,
     /// Address of the Envoy rate-limit gRPC service (envoy.service.ratelimit.v3).
     #[arg(long, env = "TOLLGATE_GRPC_LISTEN", value_name = "ADDR", default_value = "127.0.0.1:8081")]
     grpc_listen: SocketAddr,

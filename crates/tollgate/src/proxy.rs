@@ -41,6 +41,9 @@ pub(crate) struct ProxyArgs {
     /// Keep counters in Redis (overrides the config's [backend]).
     #[arg(long, env = "TOLLGATE_REDIS_URL", value_name = "URL")]
     redis: Option<String>,
+    /// Which engine decides inside Redis: auto, module or lua (see `tollgate serve --help`).
+    #[arg(long, env = "TOLLGATE_REDIS_ENGINE", value_name = "ENGINE")]
+    redis_engine: Option<tollgate_config::RedisEngine>,
     /// Longest wait for the upstream's response headers before answering 504 ("30s", "500ms").
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     upstream_timeout: Duration,
@@ -245,6 +248,9 @@ pub(crate) async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     if let Some(url) = &args.redis {
         config.backend.use_redis(url.clone())?;
     }
+    if let Some(engine) = args.redis_engine {
+        config.backend.engine = engine;
+    }
     let routes = match &args.routes {
         Some(path) => {
             let text =
@@ -253,7 +259,7 @@ pub(crate) async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         }
         None => RoutesConfig { default_policy: Some("default".into()), ..RoutesConfig::default() },
     };
-    let (backend, backend_name) = crate::serve::backend(&config)?;
+    let (backend, backend_name) = crate::serve::backend(&config).await?;
     let limiter = Limiter::new(backend, backend_name, config.limiter_settings());
     let policies = config.policies.clone();
     let layer = routes.build(limiter, |name| policies.get(name).cloned()).with_context(|| {

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tollgate_config::{BackendKind, Config};
+use tollgate_config::{BackendKind, Config, RedisEngine};
 use tollgate_core::{Backend, MemoryBackend};
 use tollgate_http::extract::MAX_BODY_BYTES;
 use tollgate_limiter::Limiter;
-use tollgate_redis::RedisBackend;
+use tollgate_redis::{Engine, RedisBackend};
 use tollgate_server::AppState;
 use tracing_subscriber::EnvFilter;
 
@@ -76,8 +76,9 @@ fn warn_of_large_policies(config: &Config) {
     }
 }
 
-/// The configured backend, and its name (the limiter's metrics label).
-pub(crate) fn backend(config: &Config) -> anyhow::Result<(Arc<dyn Backend>, &'static str)> {
+/// The configured backend, and its name (the limiter's metrics label). With the Redis engine
+/// `module`, a Redis without the Tollgate Redis module is refused here, before serving.
+pub(crate) async fn backend(config: &Config) -> anyhow::Result<(Arc<dyn Backend>, &'static str)> {
     let b = &config.backend;
     let backend: Arc<dyn Backend> = match b.kind {
         BackendKind::Memory => {
@@ -92,12 +93,25 @@ pub(crate) fn backend(config: &Config) -> anyhow::Result<(Arc<dyn Backend>, &'st
                 .connections(b.connections)
                 .coalesce(b.coalesce)
                 .deny_cache(b.deny_cache)
+                .engine(redis_engine(b.engine))
                 .build()
                 .context("cannot configure the Redis backend")?;
+            if b.engine == RedisEngine::Module {
+                redis.require_module().await.context("backend.engine = \"module\"")?;
+            }
             Arc::new(redis)
         }
     };
     Ok((backend, b.kind.as_str()))
+}
+
+/// The configuration's engine, as the Redis backend names it.
+fn redis_engine(engine: RedisEngine) -> Engine {
+    match engine {
+        RedisEngine::Auto => Engine::Auto,
+        RedisEngine::Module => Engine::Module,
+        RedisEngine::Lua => Engine::Lua,
+    }
 }
 
 pub(crate) async fn shutdown_signal() {
@@ -163,6 +177,9 @@ fn load_config(args: &ServeArgs) -> anyhow::Result<Config> {
     if let Some(url) = &args.redis {
         config.backend.use_redis(url.clone())?;
     }
+    if let Some(engine) = args.redis_engine {
+        config.backend.engine = engine;
+    }
     Ok(config)
 }
 
@@ -170,7 +187,7 @@ fn load_config(args: &ServeArgs) -> anyhow::Result<Config> {
 /// metrics it records at startup are kept. A Redis that does not answer yet is logged, not fatal.
 async fn start_limiter(config: &Config) -> anyhow::Result<Limiter> {
     tollgate_server::prometheus();
-    let (backend, backend_name) = backend(config)?;
+    let (backend, backend_name) = backend(config).await?;
     let limiter = Limiter::new(backend, backend_name, config.limiter_settings());
     if config.backend.kind == BackendKind::Redis
         && let Err(e) = limiter.ping().await

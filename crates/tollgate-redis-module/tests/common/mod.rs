@@ -17,40 +17,14 @@ use tollgate_core::script::{self, Arg, Part, StateLocation};
 use tollgate_core::{Operation, RuleSet, Timestamp};
 use tollgate_testkit::RedisServer;
 
-/// The module's file: `TOLLGATE_REDIS_MODULE`, else the cdylib beside this test binary (or one
-/// directory up, where `cargo build` puts it).
-///
-/// # Panics
-/// When it is not there: the tests fail, never skip, without the module.
+/// The module's file (see [`tollgate_testkit::redis_module`]).
 pub fn module_path() -> PathBuf {
-    if let Some(path) = std::env::var_os("TOLLGATE_REDIS_MODULE") {
-        return PathBuf::from(path);
-    }
-    let name =
-        format!("{}tollgate_redis_module{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let deps = exe.parent().expect("the test binary's directory");
-    [Some(deps), deps.parent()]
-        .into_iter()
-        .flatten()
-        .map(|dir| dir.join(&name))
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "{name} is neither in {} nor one level up: run the tests with `cargo test -p \
-                 tollgate-redis-module`, which builds it, or set TOLLGATE_REDIS_MODULE",
-                deps.display()
-            )
-        })
+    tollgate_testkit::redis_module()
 }
 
 /// A private redis-server that loaded the module.
 pub fn server_with_module(extra: &[&str]) -> RedisServer {
-    let path = module_path();
-    let path = path.to_str().expect("the module's path is UTF-8");
-    let mut args = vec!["--loadmodule", path];
-    args.extend_from_slice(extra);
-    RedisServer::start_with(&args)
+    RedisServer::with_module(extra)
 }
 
 /// A connection to `server`.

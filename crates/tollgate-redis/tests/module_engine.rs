@@ -1,0 +1,128 @@
+//! The Redis backend on the Tollgate Redis module's engine (`TOLLGATE.DECIDE`): the shared
+//! scenarios; the engine `auto` picks; `module` refusing a Redis without the module; the module
+//! loaded into a running Redis mid-count; and both engines at once on the same keys, under
+//! load, admitting exactly the limit.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tollgate_core::{Backend, LeaseId, ManualClock, Operation, Period, Rule, RuleSet};
+use tollgate_redis::{Engine, RedisBackend};
+use tollgate_testkit::conformance::one_of_each;
+use tollgate_testkit::{OnServer, RedisServer, redis_module};
+
+fn on(server: &RedisServer, engine: Engine) -> RedisBackend {
+    RedisBackend::builder(server.url()).engine(engine).timeout(Duration::from_secs(5)).build().unwrap()
+}
+
+/// Calls of `command` the server has answered.
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let info: String = server.command(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+mod scenarios {
+    use super::*;
+
+    fn backend(clock: ManualClock) -> OnServer<RedisBackend> {
+        let server = RedisServer::with_module(&[]);
+        let backend = RedisBackend::builder(server.url())
+            .engine(Engine::Module)
+            .clock(clock)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        OnServer { backend, server }
+    }
+
+    tollgate_testkit::conformance_tests!(backend);
+}
+
+#[tokio::test]
+async fn auto_uses_the_module_where_it_is_loaded_and_the_lua_elsewhere() {
+    let rules = RuleSet::new([Rule::fixed_window(5, Period::MINUTE)]).unwrap();
+
+    let plain = RedisServer::start();
+    let auto = on(&plain, Engine::Auto);
+    assert_eq!(auto.check("k", &rules, 2).await.unwrap().remaining(), 3);
+    assert_eq!(auto.engine(), Some("lua"));
+    assert_eq!(calls(&plain, "tollgate.decide"), 0, "an unknown command is not counted as a call");
+    assert!(on(&plain, Engine::Module).require_module().await.is_err());
+    let refused = on(&plain, Engine::Module).check("k", &rules, 1).await.unwrap_err();
+    assert!(refused.to_string().contains("unknown command"), "{refused}");
+
+    let loaded = RedisServer::with_module(&[]);
+    let auto = on(&loaded, Engine::Auto);
+    assert_eq!(auto.check("k", &rules, 2).await.unwrap().remaining(), 3);
+    assert_eq!(auto.engine(), Some("module"));
+    assert!(on(&loaded, Engine::Module).require_module().await.is_ok());
+    assert_eq!(on(&loaded, Engine::Lua).check("k", &rules, 1).await.unwrap().remaining(), 2);
+    assert_eq!(calls(&loaded, "tollgate.decide"), 1);
+    assert!(calls(&loaded, "fcall") >= 1, "the Lua engine's call (after loading its library)");
+}
+
+#[tokio::test]
+async fn the_module_loaded_into_a_running_redis_takes_over_the_counts() {
+    let server = RedisServer::start_with(&["--enable-module-command", "yes"]);
+    let rules = RuleSet::new([
+        Rule::fixed_window(10, Period::MINUTE),
+        Rule::sliding_window_log(10, Period::MINUTE),
+        Rule::gcra(10, Period::MINUTE, 10),
+    ])
+    .unwrap();
+    let lua = on(&server, Engine::Lua);
+    for remaining in [7, 4] {
+        assert_eq!(lua.check("k", &rules, 3).await.unwrap().remaining(), remaining);
+    }
+    let path = redis_module();
+    let loaded: String = server.command(&["MODULE", "LOAD", path.to_str().unwrap()]);
+    assert_eq!(loaded, "OK");
+    let module = on(&server, Engine::Module);
+    assert_eq!(module.check("k", &rules, 3).await.unwrap().remaining(), 1);
+    assert!(!module.check("k", &rules, 2).await.unwrap().allowed());
+    assert_eq!(lua.check("k", &rules, 1).await.unwrap().remaining(), 0, "and back to the Lua");
+    assert_eq!(calls(&server, "tollgate.decide"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn both_engines_at_once_admit_exactly_the_limit() {
+    let server = RedisServer::with_module(&[]);
+    let year: Period = "1y".parse().unwrap();
+    let engines = [Arc::new(on(&server, Engine::Module)), Arc::new(on(&server, Engine::Lua))];
+    for rule in one_of_each(200, year) {
+        let rules = Arc::new(RuleSet::new([rule.clone()]).unwrap());
+        let admitted = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for task in 0..64 {
+            let (backend, rules, admitted) =
+                (Arc::clone(&engines[task % 2]), rules.clone(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..5 {
+                    let id = LeaseId::random();
+                    let op = if rules.has_concurrency() {
+                        Operation::Acquire { cost: 1, lease: &id }
+                    } else {
+                        Operation::Check { cost: 1 }
+                    };
+                    if backend.execute("one-key", &rules, op).await.unwrap().allowed() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(admitted.load(Ordering::Relaxed), 200, "{rule:?}");
+        for backend in &engines {
+            let peek = backend.check("one-key", &rules, 0).await.unwrap();
+            assert_eq!(peek.remaining(), 0, "{rule:?}");
+        }
+    }
+    // Both engines took calls (each call may carry several coalesced decisions).
+    assert!(calls(&server, "tollgate.decide") > 0 && calls(&server, "fcall") > 0);
+}
