@@ -98,6 +98,8 @@ fn help_documents_every_option_and_variable() {
         "TOLLGATE_LISTEN",
         "--redis",
         "TOLLGATE_REDIS_URL",
+        "--redis-engine",
+        "TOLLGATE_REDIS_ENGINE",
         "--json-logs",
     ] {
         assert!(help.contains(needle), "{needle} missing from:\n{help}");
@@ -169,6 +171,30 @@ async fn a_bad_redis_url_is_refused_at_start() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a Redis URL"));
+}
+
+#[tokio::test]
+async fn the_module_engine_needs_the_module_and_info_names_the_engine() {
+    let plain = tollgate_testkit::RedisServer::start();
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--database", "sqlite::memory:", "--redis"])
+        .arg(plain.url())
+        .args(["--redis-engine", "module"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("module is not loaded"), "{stderr}");
+
+    let loaded = tollgate_testkit::RedisServer::with_module(&[]);
+    let url = loaded.url();
+    let server = Tollgate::start("", &["--redis", &url, "--redis-engine", "module"]).await;
+    let body = json!({"key": "k", "limits": [{"algorithm": "fixed_window", "limit": 1, "period": "1m"}]});
+    assert_eq!(server.check(body.clone()).await.0, 200);
+    assert_eq!(server.check(body).await.0, 429);
+    assert_eq!(info(&server).await["engine"], "module");
+    let stats: String = loaded.command(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_tollgate.decide:calls=2"), "{stats}");
 }
 
 #[tokio::test]

@@ -71,6 +71,7 @@ async fn decisions_live_in_redis_with_ttls() {
 
     let info: Value = server.client.get(server.url("/v1/info")).send().await.unwrap().json().await.unwrap();
     assert_eq!(info["backend"], "redis");
+    assert_eq!(info["engine"], "lua", "no module on this Redis: {info}");
     assert_eq!(info["backend_available"], true);
     assert_eq!(server.get_text("/readyz").await.0, 200);
 }
