@@ -351,7 +351,8 @@ impl Connections {
                         (Conn::Cluster(cluster), Missing::Module { key }) => {
                             let route = Route::with_key(key, SlotAddr::Master);
                             let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                            cluster.route_command(cmd.clone(), routing).await
+                            // A routed command answers a server error as a value, not an error.
+                            cluster.route_command(cmd.clone(), routing).await.and_then(Value::extract_error)
                         }
                         _ => cmd.query_async::<Value>(&mut conn).await,
                     };
@@ -392,6 +393,7 @@ impl Connections {
                                 ));
                                 conn.route_command(load.clone(), RoutingInfo::SingleNode(route))
                                     .await
+                                    .and_then(Value::extract_error)
                                     .map(drop)
                             }
                             (_, _, Some(mut conn)) => load.query_async::<()>(&mut conn).await,
