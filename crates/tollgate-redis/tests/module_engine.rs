@@ -10,7 +10,7 @@ use std::time::Duration;
 use tollgate_core::{Backend, LeaseId, ManualClock, Operation, Period, Rule, RuleSet};
 use tollgate_redis::{Engine, RedisBackend};
 use tollgate_testkit::conformance::one_of_each;
-use tollgate_testkit::{OnServer, RedisServer, redis_module};
+use tollgate_testkit::{OnServer, RedisCluster, RedisServer, redis_module};
 
 fn on(server: &RedisServer, engine: Engine) -> RedisBackend {
     RedisBackend::builder(server.url()).engine(engine).timeout(Duration::from_secs(5)).build().unwrap()
@@ -125,4 +125,30 @@ async fn both_engines_at_once_admit_exactly_the_limit() {
     }
     // Both engines took calls (each call may carry several coalesced decisions).
     assert!(calls(&server, "tollgate.decide") > 0 && calls(&server, "fcall") > 0);
+}
+
+#[tokio::test]
+async fn on_a_cluster_the_module_is_routed_by_key() {
+    let path = redis_module();
+    let cluster = RedisCluster::start_with(&["--loadmodule", path.to_str().unwrap()]);
+    let backend = RedisBackend::builder(cluster.url())
+        .engine(Engine::Module)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    backend.require_module().await.unwrap();
+    let rules =
+        RuleSet::new([Rule::fixed_window(2, Period::MINUTE), Rule::sliding_window_log(2, Period::MINUTE)])
+            .unwrap();
+    // Keys of many slots, so every master decides some.
+    for key in (0..30).map(|i| format!("user-{i}")) {
+        assert_eq!(backend.check(&key, &rules, 1).await.unwrap().remaining(), 1, "{key}");
+        assert_eq!(backend.check(&key, &rules, 1).await.unwrap().remaining(), 0, "{key}");
+        assert!(!backend.check(&key, &rules, 1).await.unwrap().allowed(), "{key}");
+    }
+    assert_eq!(backend.engine(), Some("module"));
+    let answered: u64 =
+        cluster.masters().iter().map(|&m| calls(&cluster.nodes()[m], "tollgate.decide")).sum();
+    assert_eq!(answered, 90);
+    assert!(cluster.masters().iter().all(|&m| calls(&cluster.nodes()[m], "tollgate.decide") > 0));
 }

@@ -37,10 +37,11 @@ pub fn key_slot(key: &[u8]) -> u16 {
     crc % 16384
 }
 
-/// Starts one node in cluster mode; answers it and its bus port.
-fn start_node() -> (RedisServer, u16) {
+/// Starts one node in cluster mode, with `extra` arguments; answers it and its bus port.
+fn start_node(extra: &[&str]) -> (RedisServer, u16) {
     let bus = free_port();
-    let node = RedisServer::start_with(&[
+    let bus_text = bus.to_string();
+    let mut args = vec![
         "--cluster-enabled",
         "yes",
         "--cluster-config-file",
@@ -52,9 +53,10 @@ fn start_node() -> (RedisServer, u16) {
         "--cluster-replica-validity-factor",
         "0",
         "--cluster-port",
-        &bus.to_string(),
-    ]);
-    (node, bus)
+        &bus_text,
+    ];
+    args.extend_from_slice(extra);
+    (RedisServer::start_with(&args), bus)
 }
 
 impl RedisCluster {
@@ -63,7 +65,15 @@ impl RedisCluster {
     /// # Panics
     /// If `redis-server` or `redis-cli` is missing, or the cluster does not form within 30 s.
     pub fn start() -> RedisCluster {
-        let (nodes, bus_ports): (Vec<RedisServer>, Vec<u16>) = (0..6).map(|_| start_node()).unzip();
+        RedisCluster::start_with(&[])
+    }
+
+    /// [`start`](RedisCluster::start), every node with `extra` arguments (`--loadmodule ...`).
+    ///
+    /// # Panics
+    /// As `start`.
+    pub fn start_with(extra: &[&str]) -> RedisCluster {
+        let (nodes, bus_ports): (Vec<RedisServer>, Vec<u16>) = (0..6).map(|_| start_node(extra)).unzip();
         let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
         let created = Command::new("redis-cli")
             .args(["--cluster", "create"])
@@ -161,7 +171,7 @@ impl RedisCluster {
     /// # Panics
     /// If the cluster does not agree on the new node within 30 s.
     pub fn add_master(&mut self) -> usize {
-        let (node, bus) = start_node();
+        let (node, bus) = start_node(&[]);
         let (seed_port, seed_bus) = (self.nodes[0].port().to_string(), self.bus_ports[0].to_string());
         let met: String = node.command(&["CLUSTER", "MEET", "127.0.0.1", &seed_port, &seed_bus]);
         assert_eq!(met, "OK");
