@@ -5,8 +5,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::redis_server::wait;
-use crate::{RedisServer, free_port};
+use crate::RedisServer;
+use crate::redis_server::{ANOTHER_FREE_PORT, wait};
 
 /// A Redis Cluster of the test's own (3 masters, 3 replicas, node timeout 1 s so a fail-over
 /// takes a couple of seconds), stopped when dropped.
@@ -39,8 +39,6 @@ pub fn key_slot(key: &[u8]) -> u16 {
 
 /// Starts one node in cluster mode, with `extra` arguments; answers it and its bus port.
 fn start_node(extra: &[&str]) -> (RedisServer, u16) {
-    let bus = free_port();
-    let bus_text = bus.to_string();
     let mut args = vec![
         "--cluster-enabled",
         "yes",
@@ -53,10 +51,18 @@ fn start_node(extra: &[&str]) -> (RedisServer, u16) {
         "--cluster-replica-validity-factor",
         "0",
         "--cluster-port",
-        &bus_text,
+        ANOTHER_FREE_PORT,
     ];
     args.extend_from_slice(extra);
-    (RedisServer::start_with(&args), bus)
+    let node = RedisServer::start_with(&args);
+    let bus = node
+        .args()
+        .iter()
+        .skip_while(|a| *a != "--cluster-port")
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("the bus port chosen");
+    (node, bus)
 }
 
 impl RedisCluster {

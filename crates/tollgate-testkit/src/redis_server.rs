@@ -36,6 +36,11 @@ impl RedisServer {
         Self::start_at(None, extra)
     }
 
+    /// The arguments the server was started with (after [`ANOTHER_FREE_PORT`] was replaced).
+    pub(crate) fn args(&self) -> &[String] {
+        &self.extra
+    }
+
     /// Starts a server on `port` (when a client was configured for it before it existed).
     pub fn start_on(port: u16) -> RedisServer {
         Self::start_at(Some(port), &[])
@@ -46,8 +51,15 @@ impl RedisServer {
         // A port found free can be taken before the server binds it; try a few.
         for _ in 0..5 {
             let port = port.unwrap_or_else(free_port);
+            // Another port an argument needs (a cluster bus) is chosen afresh on every attempt
+            // too: it can be taken the same way.
+            let extra: Vec<String> = extra
+                .iter()
+                .map(|a| if *a == ANOTHER_FREE_PORT { free_port().to_string() } else { (*a).to_owned() })
+                .collect();
+            let args: Vec<&str> = extra.iter().map(String::as_str).collect();
             let dir = tempfile::tempdir().expect("temporary directory");
-            let child = match spawn(port, dir.path(), extra) {
+            let child = match spawn(port, dir.path(), &args) {
                 Ok(child) => child,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
                     "redis-server is not installed, and the Redis tests need it{}. Install it \
@@ -56,7 +68,6 @@ impl RedisServer {
                 ),
                 Err(e) => panic!("could not start redis-server: {e}"),
             };
-            let extra = extra.iter().map(|s| s.to_string()).collect();
             let mut server = RedisServer { child, port, _dir: dir, extra };
             match server.wait_ready(Duration::from_secs(10)) {
                 Ok(()) => return server,
@@ -200,6 +211,10 @@ pub(crate) fn wait(deadline: Instant, what: &str, mut ready: impl FnMut() -> boo
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// An argument to [`RedisServer::start_with`] that stands for a free port other than the
+/// server's own, chosen at each attempt to start it.
+pub(crate) const ANOTHER_FREE_PORT: &str = "{another free port}";
 
 fn spawn(port: u16, dir: &Path, extra: &[&str]) -> std::io::Result<Child> {
     Command::new("redis-server")
