@@ -207,6 +207,28 @@ fn the_real_call_runs_and_its_errors_name_the_argument() {
         Err(CallError::Keys { expected: k.len(), got: k.len() - 1 })
     );
 
+    // One key named for a hash-stored state and a sorted set (never by the backend): refused
+    // before any write, where writing the first would leave the second failing on its type.
+    let fixed_and_log =
+        RuleSet::new([Rule::fixed_window(5, Period::SECOND), Rule::sliding_window_log(5, Period::SECOND)])
+            .unwrap();
+    let part = [script::Part::alone("k", &fixed_and_log, Operation::Check { cost: 1 })];
+    let argv: Vec<String> = script::arguments(&part, Some(Timestamp::from_micros(1_700_000_000_000_000)))
+        .iter()
+        .map(|a| match a {
+            Arg::Int(n) => n.to_string(),
+            Arg::Text(t) => (*t).to_owned(),
+        })
+        .collect();
+    let argv: Vec<&[u8]> = argv.iter().map(|a| a.as_bytes()).collect();
+    let before = store.contents();
+    let same_key: [&[u8]; 2] = [b"one", b"one"];
+    assert_eq!(
+        script::execute(&same_key, &argv, &mut store),
+        Err(CallError::SharedKey { key: "one".into() })
+    );
+    assert!(store.contents() == before, "nothing written");
+
     store.put(k[0], Value::Text(b"x".to_vec()));
     let before = store.contents();
     assert_eq!(script::execute(&k, &a, &mut store), Err(CallError::Store(StoreError::WrongType)));

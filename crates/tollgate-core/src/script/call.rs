@@ -51,6 +51,13 @@ pub enum CallError {
     /// A group asks a state for more units than its rule can ever hold.
     #[error("ERR tollgate: a group asks a state for more than its rule's capacity")]
     Capacity,
+    /// A key is named for a sorted-set state and for another state too (the Lua's layout gives
+    /// each sorted-set state a key of its own): writing both would mix them.
+    #[error("ERR tollgate: key {key} is named for a sorted-set state and another state")]
+    SharedKey {
+        /// The key, lossily as text.
+        key: String,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -124,6 +131,7 @@ pub fn execute(keys: &[&[u8]], argv: &[&[u8]], store: &mut impl Store) -> Result
         let rule = &call.rules[entry.rule];
         slots.find_or_read(store, key, rule.prefix, &rule.algorithm)?;
     }
+    slots.check_sorted_sets_alone()?;
     let plans: Vec<GroupRun<'_>> = call
         .groups
         .iter()
@@ -408,6 +416,22 @@ impl<'c> Slots<'c> {
             self.index = Some(self.slots.iter().enumerate().map(|(i, s)| ((s.key, s.prefix), i)).collect());
         }
         Ok(at)
+    }
+
+    /// Refuses a call that names a sorted-set state's key for another state too, before
+    /// anything is written: the writes of one would break the other's (or fail on its type
+    /// halfway through the call's writes).
+    fn check_sorted_sets_alone(&self) -> Result<(), CallError> {
+        let mut by_key: Vec<(&[u8], bool)> =
+            self.slots.iter().map(|s| (s.key, s.algorithm.hash_fields().is_none())).collect();
+        by_key.sort_unstable();
+        for pair in by_key.windows(2) {
+            let [(a, a_set), (b, b_set)] = pair else { continue };
+            if a == b && (*a_set || *b_set) {
+                return Err(CallError::SharedKey { key: String::from_utf8_lossy(a).into_owned() });
+            }
+        }
+        Ok(())
     }
 
     /// Writes each changed state as the Lua twin would store it, with a TTL covering it.
