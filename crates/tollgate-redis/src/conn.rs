@@ -21,6 +21,7 @@
 //! empty are dropped even when no call happens to fail.
 
 use std::collections::HashMap;
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -122,6 +123,42 @@ pub(crate) fn functions_unavailable(error: &RedisError) -> bool {
         }
         _ => false,
     }
+}
+
+/// In a `CLUSTER SLOTS` reply (`[[start, end, [host, port, ...], replicas...], ...]`), the
+/// ranges whose master is the one serving `slot`; just `slot` when the reply does not say.
+fn slots_of_master(map: &Value, slot: u16) -> Vec<RangeInclusive<u16>> {
+    let entries: Vec<(RangeInclusive<u16>, &Value)> = match map {
+        Value::Array(entries) => entries
+            .iter()
+            .filter_map(|entry| match entry {
+                Value::Array(fields) => match fields.as_slice() {
+                    [Value::Int(start), Value::Int(end), master, ..] => {
+                        let start = u16::try_from(*start).ok()?;
+                        let end = u16::try_from(*end).ok()?;
+                        Some((start..=end, master))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    // A node is named by its host and port (the first two fields; later ones vary by version).
+    let address = |master: &Value| match master {
+        Value::Array(fields) => fields.get(..2).map(<[Value]>::to_vec),
+        _ => None,
+    };
+    let Some(owner) = entries.iter().find(|(range, _)| range.contains(&slot)).and_then(|(_, m)| address(m))
+    else {
+        return vec![slot..=slot];
+    };
+    entries
+        .into_iter()
+        .filter(|(_, master)| address(master).as_ref() == Some(&owner))
+        .map(|(r, _)| r)
+        .collect()
 }
 
 /// One connection, of either kind.
@@ -439,6 +476,21 @@ impl Connections {
         }
     }
 
+    /// The hash slots served by the master that serves `key`, read from `CLUSTER SLOTS` (asked
+    /// of that master): what `auto` marks when that master lacks the module, so that one
+    /// refusal per master is paid, not one per slot. Empty off a Cluster.
+    pub(crate) async fn slots_served_with(&self, key: &str) -> Result<Vec<RangeInclusive<u16>>, RedisError> {
+        let Connections::Cluster(cluster) = self else { return Ok(Vec::new()) };
+        let mut conn =
+            cluster.connection.get_or_try_init(|| cluster.client.get_async_connection()).await?.clone();
+        let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+        let map = conn
+            .route_command(redis::cmd("CLUSTER").arg("SLOTS").to_owned(), RoutingInfo::SingleNode(route))
+            .await
+            .and_then(Value::extract_error)?;
+        Ok(slots_of_master(&map, crate::keys::slot(key)))
+    }
+
     /// Tells the connections a call on them failed: a Sentinel set-up asks for the master again.
     pub(crate) fn failed(&self) {
         if let Connections::Sentinel(sentinel) = self {
@@ -592,6 +644,25 @@ mod tests {
         ] {
             assert!(!functions_unavailable(&server_error(reply)), "{reply}");
         }
+    }
+
+    #[test]
+    fn a_masters_slots_are_read_from_cluster_slots() {
+        let node = |port: i64| Value::Array(vec![Value::BulkString(b"127.0.0.1".to_vec()), Value::Int(port)]);
+        let range = |start: i64, end: i64, port: i64| {
+            Value::Array(vec![Value::Int(start), Value::Int(end), node(port), node(port + 100)])
+        };
+        let map = Value::Array(vec![range(0, 99, 7001), range(100, 199, 7002), range(200, 16383, 7001)]);
+        assert_eq!(slots_of_master(&map, 150), vec![100..=199]);
+        assert_eq!(slots_of_master(&map, 5), vec![0..=99, 200..=16383]);
+        assert_eq!(slots_of_master(&map, 16383), vec![0..=99, 200..=16383]);
+        assert_eq!(
+            slots_of_master(&Value::Nil, 7),
+            vec![7..=7],
+            "an answer that says nothing: the slot alone"
+        );
+        let unserved = Value::Array(vec![range(0, 99, 7001)]);
+        assert_eq!(slots_of_master(&unserved, 500), vec![500..=500]);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The module's command: the script's `KEYS` and `ARGV` after `numkeys`, as `EVALSHA` takes
@@ -69,61 +69,104 @@ impl FromStr for Engine {
     }
 }
 
-/// What `auto` has learnt of the module.
-const UNKNOWN: u8 = 0;
-const LOADED: u8 = 1;
-const MISSING: u8 = 2;
+/// What `auto` has learnt of the module where a key lives: nothing yet, that it answered, or
+/// (any larger value) that it is missing, since `value - MISSING` milliseconds after `start`.
+const UNKNOWN: u64 = 0;
+const LOADED: u64 = 1;
+const MISSING: u64 = 2;
 
-/// The engine chosen, and for `auto` what Redis last said of the module.
+/// Hash slots of a Redis Cluster.
+pub(crate) const CLUSTER_SLOTS: usize = 16_384;
+
+/// The engine chosen, and for `auto` what Redis last said of the module: once for a single
+/// Redis (or Sentinel's master), and per hash slot on a Cluster, whose masters may differ (a
+/// module loaded into one master first, during a rolling deployment, is used there at once
+/// while the others keep to the Lua).
 #[derive(Debug)]
 pub(crate) struct Choice {
     engine: Engine,
-    seen: AtomicU8,
-    /// When `seen` became MISSING, in milliseconds since `start`.
-    missing_at: AtomicU64,
+    /// One entry, or one per hash slot (a Cluster under `auto`): `UNKNOWN`, `LOADED` or
+    /// `MISSING` plus when.
+    seen: Box<[AtomicU64]>,
     start: Instant,
 }
 
 impl Choice {
-    pub(crate) fn new(engine: Engine) -> Self {
-        Choice { engine, seen: AtomicU8::new(UNKNOWN), missing_at: AtomicU64::new(0), start: Instant::now() }
+    /// The choice for `engine`; `per_slot` on a Redis Cluster.
+    pub(crate) fn new(engine: Engine, per_slot: bool) -> Self {
+        let entries = if per_slot && engine == Engine::Auto { CLUSTER_SLOTS } else { 1 };
+        Choice {
+            engine,
+            seen: (0..entries).map(|_| AtomicU64::new(UNKNOWN)).collect(),
+            start: Instant::now(),
+        }
     }
 
     pub(crate) fn engine(&self) -> Engine {
         self.engine
     }
 
-    /// Whether the next call goes to the module.
-    pub(crate) fn module_first(&self) -> bool {
+    /// Whether what is learnt is kept per hash slot.
+    pub(crate) fn per_slot(&self) -> bool {
+        self.seen.len() == CLUSTER_SLOTS
+    }
+
+    fn entry(&self, slot: u16) -> &AtomicU64 {
+        self.seen.get(usize::from(slot)).unwrap_or(&self.seen[0])
+    }
+
+    /// Whether the next call for a key in `slot` (any value off a Cluster) goes to the module.
+    pub(crate) fn module_first(&self, slot: u16) -> bool {
         match self.engine {
             Engine::Module => true,
             Engine::Lua => false,
-            Engine::Auto => {
-                self.seen.load(Ordering::Relaxed) != MISSING
-                    || self.elapsed_ms().saturating_sub(self.missing_at.load(Ordering::Relaxed))
-                        >= ASK_AGAIN.as_millis() as u64
-            }
+            Engine::Auto => match self.entry(slot).load(Ordering::Relaxed) {
+                UNKNOWN | LOADED => true,
+                missing_at => {
+                    self.elapsed_ms().saturating_sub(missing_at - MISSING) >= ASK_AGAIN.as_millis() as u64
+                }
+            },
         }
     }
 
-    /// Redis answered the module's command.
-    pub(crate) fn module_answered(&self) {
-        self.seen.store(LOADED, Ordering::Relaxed);
+    /// Redis answered the module's command for a key in `slot`.
+    pub(crate) fn module_answered(&self, slot: u16) {
+        let entry = self.entry(slot);
+        // Read first: the common case changes nothing and leaves the cache line shared.
+        if entry.load(Ordering::Relaxed) != LOADED {
+            entry.store(LOADED, Ordering::Relaxed);
+        }
     }
 
-    /// Redis does not know the module's command.
-    pub(crate) fn module_missing(&self) {
-        self.missing_at.store(self.elapsed_ms(), Ordering::Relaxed);
-        self.seen.store(MISSING, Ordering::Relaxed);
+    /// Redis does not know the module's command where `slots` live.
+    pub(crate) fn module_missing(&self, slots: impl IntoIterator<Item = u16>) {
+        let at = MISSING.saturating_add(self.elapsed_ms());
+        for slot in slots {
+            self.entry(slot).store(at, Ordering::Relaxed);
+        }
     }
 
-    /// The engine that decides now: `module` or `lua` (for `/v1/info`).
+    /// The engine that decides now, for `/v1/info`: `module`, `lua`, or on a Cluster where
+    /// some masters have the module and others not, `mixed`.
     pub(crate) fn current(&self) -> &'static str {
         match self.engine {
             Engine::Module => "module",
             Engine::Lua => "lua",
-            Engine::Auto if self.seen.load(Ordering::Relaxed) == LOADED => "module",
-            Engine::Auto => "lua",
+            Engine::Auto => {
+                let (mut loaded, mut missing) = (false, false);
+                for entry in &self.seen {
+                    match entry.load(Ordering::Relaxed) {
+                        UNKNOWN => {}
+                        LOADED => loaded = true,
+                        _ => missing = true,
+                    }
+                }
+                match (loaded, missing) {
+                    (true, true) => "mixed",
+                    (true, false) => "module",
+                    (false, _) => "lua",
+                }
+            }
         }
     }
 
@@ -152,21 +195,37 @@ mod tests {
 
     #[test]
     fn auto_tries_the_module_until_redis_says_it_has_none() {
-        let choice = Choice::new(Engine::Auto);
-        assert!(choice.module_first());
+        let choice = Choice::new(Engine::Auto, false);
+        assert!(choice.module_first(0));
         assert_eq!(choice.current(), "lua", "not known yet");
-        choice.module_answered();
+        choice.module_answered(0);
         assert_eq!(choice.current(), "module");
-        choice.module_missing();
-        assert!(!choice.module_first(), "kept to the Lua for a while");
+        choice.module_missing([0]);
+        assert!(!choice.module_first(0), "kept to the Lua for a while");
+        assert!(!choice.module_first(9), "off a Cluster, one answer holds for every key");
         assert_eq!(choice.current(), "lua");
-        choice.missing_at.store(0, Ordering::Relaxed);
         let start = Instant::now().checked_sub(ASK_AGAIN).expect("a clock running for 10 s");
-        let long_ago = Choice { start, ..Choice::new(Engine::Auto) };
-        long_ago.module_missing();
-        long_ago.missing_at.store(0, Ordering::Relaxed);
-        assert!(long_ago.module_first(), "asked again after ASK_AGAIN");
-        assert!(Choice::new(Engine::Module).module_first());
-        assert!(!Choice::new(Engine::Lua).module_first());
+        let long_ago = Choice { start, ..Choice::new(Engine::Auto, false) };
+        long_ago.seen[0].store(MISSING, Ordering::Relaxed);
+        assert!(long_ago.module_first(0), "asked again after ASK_AGAIN");
+        assert!(Choice::new(Engine::Module, true).module_first(0));
+        assert!(!Choice::new(Engine::Lua, true).module_first(0));
+        assert!(!Choice::new(Engine::Lua, true).per_slot(), "only auto learns");
+    }
+
+    #[test]
+    fn on_a_cluster_auto_learns_per_slot() {
+        let choice = Choice::new(Engine::Auto, true);
+        assert!(choice.per_slot());
+        choice.module_answered(5);
+        choice.module_missing(100..200);
+        assert!(choice.module_first(5) && choice.module_first(99) && choice.module_first(200));
+        assert!(!choice.module_first(100) && !choice.module_first(199));
+        assert_eq!(choice.current(), "mixed");
+        choice.module_answered(150);
+        assert!(choice.module_first(150));
+        let lua_only = Choice::new(Engine::Auto, true);
+        lua_only.module_missing(0..CLUSTER_SLOTS as u16);
+        assert_eq!(lua_only.current(), "lua");
     }
 }

@@ -54,6 +54,21 @@ pub(crate) fn state_key(tagged: &str, signature: &str) -> String {
     out
 }
 
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the bytes between
+/// the first `{` and the first `}` after it, when not empty), else of the whole key.
+pub(crate) fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tag = bytes
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            rest.iter().position(|&b| b == b'}').map(|close| &rest[..close])
+        })
+        .filter(|tag| !tag.is_empty());
+    crc16::State::<crc16::XMODEM>::calculate(tag.unwrap_or(bytes)) % crate::engine::CLUSTER_SLOTS as u16
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,6 +79,19 @@ mod tests {
         assert_eq!(tagged("tg", "a}b{c%"), "tg:{a%7Db%7Bc%25}:");
         assert_ne!(tagged("tg", "%7B"), tagged("tg", "{"));
         assert_eq!(state_key(&tagged("tg", "k"), "fw:1:1000"), "tg:{k}:fw:1:1000");
+    }
+
+    #[test]
+    fn slots_are_redis_clusters() {
+        // CLUSTER KEYSLOT's answers.
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("bar"), 5061);
+        assert_eq!(slot("tg:{foo}:h"), 12182, "the hash tag decides");
+        // The edges of hash tags, as the redis crate's cluster client routes them.
+        for key in ["a{}foo", "{foo", "}foo{", "{{foo}}", "x{foo}{bar}", "{}", "", "tg:{a%7Db}:h", "é{ü}"] {
+            let theirs = format!("{:?}", redis::cluster_routing::Slot::for_key(key));
+            assert_eq!(format!("Slot({})", slot(key)), theirs, "{key:?}");
+        }
     }
 
     #[test]

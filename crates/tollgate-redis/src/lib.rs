@@ -191,13 +191,14 @@ impl RedisBackendBuilder {
                 .map_err(ConfigError::Url)?;
         // A script call on Redis Cluster may hold only one slot's keys, and operations of
         // different keys rarely share one: on a cluster each operation goes alone.
-        let coalesce = if connections.is_cluster() { 1 } else { self.coalesce };
+        let cluster = connections.is_cluster();
+        let coalesce = if cluster { 1 } else { self.coalesce };
         let deny_cache = (self.deny_cache && self.clock.is_none()).then(DenyCache::new);
         let client = Arc::new(Client {
             connections,
             scripts: std::array::from_fn(|_| OnceLock::new()),
             functions: AtomicBool::new(true),
-            engine: engine::Choice::new(self.engine),
+            engine: engine::Choice::new(self.engine, cluster),
             prefix: self.prefix.into(),
             timeout: self.timeout,
             clock: self.clock,
@@ -372,16 +373,24 @@ impl Client {
         key: &str,
         variant: Variant,
     ) -> Result<Value, RedisError> {
-        if self.engine.module_first() {
+        let slot = if self.engine.per_slot() { keys::slot(key) } else { 0 };
+        if self.engine.module_first(slot) {
             let sent =
                 self.connections.script(call(engine::MODULE_COMMAND, None), Missing::Module { key }).await;
             match sent {
                 Err(e) if engine::is_unknown_command(&e) && self.engine.engine() == Engine::Auto => {
-                    self.engine.module_missing();
+                    // On a Cluster, every slot of the master that refused (a map we cannot read
+                    // marks this slot alone, and the next slot asks again).
+                    let slots = if self.engine.per_slot() {
+                        self.connections.slots_served_with(key).await.unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    };
+                    self.engine.module_missing(slots.into_iter().flatten().chain([slot]));
                 }
                 Err(e) => return Err(e),
                 Ok(reply) => {
-                    self.engine.module_answered();
+                    self.engine.module_answered(slot);
                     metrics::counter!(engine::CALLS_METRIC, "engine" => "module").increment(1);
                     return Ok(reply);
                 }
