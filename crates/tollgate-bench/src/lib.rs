@@ -23,19 +23,40 @@ pub use load::measure;
 pub use report::Summary;
 
 /// The algorithm the load is decided by.
+///
+/// Named as everywhere else in Tollgate (snake_case, as the API's JSON writes them); the
+/// kebab-case spellings are accepted too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum BenchAlgorithm {
     /// Clock-aligned fixed window.
+    #[value(alias = "fixed-window")]
     FixedWindow,
     /// Exact sliding window (a log).
+    #[value(alias = "sliding-window-log")]
     SlidingWindowLog,
     /// Weighted two-window approximation.
+    #[value(alias = "sliding-window-counter")]
     SlidingWindowCounter,
     /// Token bucket (capacity = limit, refilled at limit per period).
+    #[value(alias = "token-bucket")]
     TokenBucket,
     /// GCRA (limit per period, burst = limit).
     Gcra,
+}
+
+impl BenchAlgorithm {
+    /// Its name, as `--algorithm` and the JSON write it (`fixed_window`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BenchAlgorithm::FixedWindow => "fixed_window",
+            BenchAlgorithm::SlidingWindowLog => "sliding_window_log",
+            BenchAlgorithm::SlidingWindowCounter => "sliding_window_counter",
+            BenchAlgorithm::TokenBucket => "token_bucket",
+            BenchAlgorithm::Gcra => "gcra",
+        }
+    }
 }
 
 /// `tollgate bench` arguments.
@@ -46,9 +67,10 @@ pub struct BenchArgs {
     /// or grpc://host:port (Envoy's ShouldRateLimit).
     #[arg(long, value_name = "URL")]
     pub target: String,
-    /// The algorithm deciding each request.
-    #[arg(long, value_enum, default_value = "gcra")]
-    pub algorithm: BenchAlgorithm,
+    /// The algorithm deciding each request [default: fixed_window for a grpc target, whose
+    /// protocol can only ask for that; gcra otherwise].
+    #[arg(long, value_enum)]
+    pub algorithm: Option<BenchAlgorithm>,
     /// Requests each key may make per period.
     #[arg(long, default_value_t = 1000)]
     pub limit: u64,
@@ -96,6 +118,15 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// `--algorithm`, or the default for the target.
+    pub fn algorithm(&self) -> BenchAlgorithm {
+        match self.algorithm {
+            Some(algorithm) => algorithm,
+            None if self.target.starts_with("grpc://") => BenchAlgorithm::FixedWindow,
+            None => BenchAlgorithm::Gcra,
+        }
+    }
+
     /// Refuses arguments no run can use, naming the flag.
     fn validate(&self) -> anyhow::Result<()> {
         if self.keys == 0 || self.concurrency == 0 {

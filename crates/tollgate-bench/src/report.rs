@@ -123,7 +123,7 @@ impl Summary {
         let decisions = tally.decisions();
         Summary {
             target: args.target.clone(),
-            algorithm: args.algorithm,
+            algorithm: args.algorithm(),
             keys: args.keys,
             churn_seconds: args.churn.map(|c| c.as_secs_f64()),
             concurrency: args.concurrency,
@@ -150,7 +150,7 @@ impl Summary {
         let s = self;
         let row = |name: &str, value: String| println!("{name:<28} {value}");
         row("target", s.target.clone());
-        row("algorithm", format!("{:?}", s.algorithm));
+        row("algorithm", s.algorithm.as_str().to_owned());
         row("keys / concurrency", format!("{} / {}", s.keys, s.concurrency));
         if let Some(churn) = s.churn_seconds {
             row("key churn", format!("a new key space every {churn:.0} s"));

@@ -90,7 +90,7 @@ impl Client {
 /// The rule of `--algorithm`, `--limit` and `--period`.
 fn rule(args: &BenchArgs) -> Rule {
     let (limit, period) = (args.limit, args.period);
-    match args.algorithm {
+    match args.algorithm() {
         BenchAlgorithm::FixedWindow => Rule::fixed_window(limit, period),
         BenchAlgorithm::SlidingWindowLog => Rule::sliding_window_log(limit, period),
         BenchAlgorithm::SlidingWindowCounter => Rule::sliding_window_counter(limit, period),
@@ -136,9 +136,9 @@ async fn grpc(args: &BenchArgs, host: &str) -> anyhow::Result<Client> {
             bail!("the grpc target limits by the request's own limit, a fixed window of 1s, 1m, 1h or 1d")
         }
     };
-    if args.algorithm != BenchAlgorithm::FixedWindow {
+    if args.algorithm() != BenchAlgorithm::FixedWindow {
         bail!(
-            "the grpc target limits by the request's own limit, which is a fixed window: use --algorithm fixed-window"
+            "the grpc target limits by the request's own limit, which is a fixed window: use --algorithm fixed_window"
         );
     }
     let requests_per_unit = u32::try_from(args.limit).context("--limit too large for the grpc target")?;

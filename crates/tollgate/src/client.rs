@@ -9,15 +9,17 @@ use clap::Subcommand;
 use serde_json::Value;
 use tollgate_store::PolicyInput;
 
-/// Where the server is and who is asking.
+/// Where the server is and who is asking. Global: the flags may come before or after the
+/// subcommand (`tollgate policy --server URL list` and `tollgate policy list --server URL`).
 #[derive(Debug, clap::Args)]
 pub(crate) struct Remote {
     /// The Tollgate server: a URL, or an address such as 127.0.0.1:8080 (then http://).
-    #[arg(long, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:8080", value_name = "URL", value_parser = server_url)]
+    #[arg(long, global = true, env = "TOLLGATE_SERVER", default_value = "http://127.0.0.1:8080", value_name = "URL", value_parser = server_url)]
     server: String,
-    /// An API token (see `tollgate token create`).
-    #[arg(long, env = "TOLLGATE_TOKEN", value_name = "TOKEN", hide_env_values = true)]
-    token: String,
+    /// An API token (see `tollgate token create`). Needed; optional here only because clap
+    /// cannot require a flag that may stand anywhere.
+    #[arg(long, global = true, env = "TOLLGATE_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 /// The server's base URL: `host:port` (no scheme) means `http://host:port`.
@@ -33,19 +35,23 @@ fn server_url(given: &str) -> Result<String, String> {
 #[derive(Debug, Subcommand)]
 pub(crate) enum PolicyCommand {
     /// List the policies the token may see (file and database).
+    #[command(after_help = "Example:\n  tollgate policy list --server 127.0.0.1:8080 --token $TOKEN")]
     List,
     /// Show one policy.
+    #[command(after_help = "Example:\n  tollgate policy get api --token $TOKEN")]
     Get {
         /// Its name.
         name: String,
     },
     /// Create or update the policies of a TOML file written like the configuration's
     /// `[policies.<name>]` sections (plus `apps` and `enabled`).
+    #[command(after_help = "Example:\n  tollgate policy apply my-policies.toml --token $TOKEN")]
     Apply {
         /// The file.
         file: PathBuf,
     },
     /// Delete a policy.
+    #[command(after_help = "Example:\n  tollgate policy delete api --token $TOKEN")]
     Delete {
         /// Its name.
         name: String,
@@ -55,11 +61,15 @@ pub(crate) enum PolicyCommand {
 #[derive(Debug, Subcommand)]
 pub(crate) enum ConsumerCommand {
     /// List a consumer's limit records.
+    #[command(after_help = "Example:\n  tollgate consumer limits alice --token $TOKEN")]
     Limits {
         /// The consumer.
         consumer: String,
     },
     /// Add a limit record (each period -1 for unlimited, the default).
+    #[command(
+        after_help = "Example:\n  tollgate consumer add-limit alice --per-minute 100 --per-day 10000 --token $TOKEN"
+    )]
     AddLimit {
         /// The consumer.
         consumer: String,
@@ -86,6 +96,7 @@ pub(crate) enum ConsumerCommand {
         to: Option<String>,
     },
     /// Delete a limit record.
+    #[command(after_help = "Example:\n  tollgate consumer delete-limit alice 3f2a9c --token $TOKEN")]
     DeleteLimit {
         /// The consumer.
         consumer: String,
@@ -93,6 +104,7 @@ pub(crate) enum ConsumerCommand {
         id: String,
     },
     /// The consumer's limits in force and live usage.
+    #[command(after_help = "Example:\n  tollgate consumer call-limits alice --token $TOKEN")]
     CallLimits {
         /// The consumer.
         consumer: String,
@@ -119,12 +131,14 @@ enum ClientError {
 
 struct Client {
     http: reqwest::Client,
-    remote: Remote,
+    server: String,
+    token: String,
 }
 
 impl Client {
-    fn new(remote: Remote) -> Self {
-        Client { http: reqwest::Client::new(), remote }
+    fn new(remote: Remote) -> anyhow::Result<Self> {
+        let token = remote.token.context("a token is needed: --token TOKEN or TOLLGATE_TOKEN")?;
+        Ok(Client { http: reqwest::Client::new(), server: remote.server, token })
     }
 
     /// Sends a request; the JSON answer (Null for 204), or the problem as an error.
@@ -135,8 +149,8 @@ impl Client {
         body: Option<&Value>,
         if_match: Option<i64>,
     ) -> Result<Value, ClientError> {
-        let url = format!("{}{path}", self.remote.server.trim_end_matches('/'));
-        let mut req = self.http.request(method, &url).bearer_auth(&self.remote.token);
+        let url = format!("{}{path}", self.server.trim_end_matches('/'));
+        let mut req = self.http.request(method, &url).bearer_auth(&self.token);
         if let Some(body) = body {
             req = req.json(body);
         }
@@ -186,7 +200,7 @@ fn segment(s: &str) -> String {
 
 pub(crate) async fn policy(remote: Remote, command: PolicyCommand) -> anyhow::Result<()> {
     use reqwest::Method;
-    let client = Client::new(remote);
+    let client = Client::new(remote)?;
     match command {
         PolicyCommand::List => {
             print(&client.send(Method::GET, "/v1/admin/policies?limit=200", None, None).await?)
@@ -236,7 +250,7 @@ pub(crate) async fn policy(remote: Remote, command: PolicyCommand) -> anyhow::Re
 
 pub(crate) async fn consumer(remote: Remote, command: ConsumerCommand) -> anyhow::Result<()> {
     use reqwest::Method;
-    let client = Client::new(remote);
+    let client = Client::new(remote)?;
     match command {
         ConsumerCommand::Limits { consumer } => print(
             &client

@@ -35,20 +35,33 @@ enum Command {
     /// Without --config, the built-in configuration (tollgate.example.toml) is used: the
     /// in-memory backend and the example policies. A configuration file is reloaded when it
     /// changes; a file with a mistake is refused with its line and the last good one stays.
+    #[command(
+        after_help = "Example:\n  tollgate serve --config tollgate.toml --redis redis://127.0.0.1:6379"
+    )]
     Serve(ServeArgs),
     /// Run a rate-limiting reverse proxy in front of one HTTP upstream.
     ///
     /// Requests are matched to the routes file's policies (from --config) and keyed as it says;
     /// admitted ones are forwarded with their bodies streamed, refused ones answered 429 here.
+    #[command(
+        after_help = "Example:\n  tollgate proxy --upstream http://127.0.0.1:3000 --config routes.toml"
+    )]
     Proxy(proxy::ProxyArgs),
     /// Load a Redis, a Tollgate server or an Envoy-protocol service with rate-limit decisions
     /// and report decisions/s, allowed/denied, latency percentiles and, against Redis, Redis
     /// CPU per decision.
+    #[command(
+        after_help = "Example:\n  tollgate bench --target redis://127.0.0.1:6379 --algorithm fixed_window --duration 5s"
+    )]
     Bench(bench::BenchArgs),
     /// Replay a request pattern through each given rule on a simulated clock (no sleeping) and
     /// show what each admits and denies over time: a table, --json, or an SVG chart (--out).
+    #[command(
+        after_help = "Example:\n  tollgate simulate --rules 'fixed_window 100/1m, gcra 100/1m burst=10' --traffic burst:150@59s"
+    )]
     Simulate(simulate::SimulateArgs),
     /// Validate a configuration file and list its policies; exits non-zero on a mistake.
+    #[command(after_help = "Example:\n  tollgate check-config tollgate.toml")]
     CheckConfig {
         /// The TOML file to check.
         file: PathBuf,
@@ -75,6 +88,9 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum TokenCommand {
     /// Create a token and print its secret, once (it is stored only as a hash).
+    #[command(
+        after_help = "Example:\n  tollgate token create --name ops --role admin --database sqlite://tollgate.db"
+    )]
     Create {
         /// The token's name: what the audit log records as the author of its changes.
         #[arg(long)]
@@ -178,6 +194,77 @@ fn run(job: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::Cli;
+
+    /// Splits an example as a shell would, for the quoting the examples use (single quotes).
+    fn words(line: &str) -> Vec<String> {
+        let (mut out, mut word, mut quoted, mut any) = (Vec::new(), String::new(), false, false);
+        for c in line.chars() {
+            match c {
+                '\'' => (quoted, any) = (!quoted, true),
+                c if c.is_whitespace() && !quoted => {
+                    if any {
+                        out.push(std::mem::take(&mut word));
+                    }
+                    any = false;
+                }
+                c => {
+                    word.push(c);
+                    any = true;
+                }
+            }
+        }
+        if any {
+            out.push(word);
+        }
+        out
+    }
+
+    #[test]
+    fn every_subcommand_shows_an_example_that_parses() {
+        fn walk(command: &clap::Command, path: &str, examples: &mut Vec<(String, String)>) {
+            for sub in command.get_subcommands().filter(|s| s.get_name() != "help") {
+                let path = format!("{path} {}", sub.get_name());
+                if sub.has_subcommands() {
+                    walk(sub, &path, examples);
+                    continue;
+                }
+                let help = sub.get_after_help().map(|h| h.to_string()).unwrap_or_default();
+                let example = help.strip_prefix("Example:\n").map(str::trim).unwrap_or_default();
+                assert!(
+                    example.starts_with(&path),
+                    "`{path} --help` ends with no example of itself: {help:?}"
+                );
+                examples.push((path, example.to_owned()));
+            }
+        }
+        let mut examples = Vec::new();
+        walk(&Cli::command(), "tollgate", &mut examples);
+        assert!(examples.len() >= 14, "{examples:?}");
+        for (path, example) in examples {
+            if let Err(e) = Cli::try_parse_from(words(&example)) {
+                panic!("{path}'s example does not parse: {example}\n{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn server_and_token_stand_before_or_after_the_subcommand() {
+        for args in [
+            "tollgate policy list --server 127.0.0.1:9 --token t",
+            "tollgate policy --server 127.0.0.1:9 --token t list",
+            "tollgate consumer limits alice --token t --server http://127.0.0.1:9",
+        ] {
+            let cli = Cli::try_parse_from(words(args)).unwrap_or_else(|e| panic!("{args}: {e}"));
+            assert!(format!("{cli:?}").contains("http://127.0.0.1:9"), "{args}: {cli:?}");
         }
     }
 }

@@ -205,3 +205,39 @@ async fn logs_written_to_a_file_carry_no_colour_codes() {
     assert!(logs.contains("tollgate is listening"), "{logs}");
     assert!(!logs.contains('\x1b'), "escape codes in a log file: {logs:?}");
 }
+
+#[test]
+fn the_management_commands_say_when_a_token_is_missing() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["policy", "list", "--server", "127.0.0.1:9"])
+        .env_remove("TOLLGATE_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("a token is needed: --token TOKEN or TOLLGATE_TOKEN"), "{stderr}");
+}
+
+#[test]
+fn algorithm_names_are_snake_case_with_kebab_case_accepted() {
+    let help = Command::new(env!("CARGO_BIN_EXE_tollgate")).args(["bench", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("sliding_window_log") && !help.contains("sliding-window-log"), "{help}");
+    // Both spellings get past the parser to the target (port 9: nothing listens there).
+    for spelling in ["sliding_window_log", "sliding-window-log"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["bench", "--target", "redis://127.0.0.1:9", "--duration", "1s", "--algorithm", spelling])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("invalid value"), "{spelling}: {stderr}");
+        assert!(stderr.contains("Redis does not answer"), "{spelling}: {stderr}");
+    }
+    // Without --algorithm, a grpc target gets the fixed window its protocol asks for.
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["bench", "--target", "grpc://127.0.0.1:9", "--duration", "1s"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !stderr.contains("--algorithm"), "{stderr}");
+}
