@@ -2,7 +2,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -17,6 +17,11 @@ use crate::operation::validate_key;
 use crate::plan::GroupPlan;
 use crate::ruleset::CompiledRule;
 use crate::{Backend, BatchPlan, Clock, Decision, Error, Operation, Part, RuleSet, SystemClock};
+
+/// The memory backend's hash: foldhash, seeded at random per map (and per process), so that
+/// keys a caller chooses cannot be aimed at one bucket or one shard, at a fraction of
+/// SipHash's cost.
+type RandomState = foldhash::fast::RandomState;
 
 /// Sweeps for expired state run at most once a second, and at most once per microsecond per key
 /// held (10 s apart with 10 million keys), so their cost stays a small share of one core while
@@ -186,7 +191,7 @@ impl<C: Clock> MemoryBackendBuilder<C> {
             shards: (0..shards)
                 .map(|i| CachePadded::new(Mutex::new(Shard::new(share + usize::from(i < rest)))))
                 .collect(),
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
             clock: self.clock,
             next_sweep: AtomicI64::new(i64::MIN),
             max_keys: self.max_keys,
@@ -207,7 +212,7 @@ impl Default for MemoryBackend<SystemClock> {
 /// A share of the keys, under one lock.
 #[derive(Debug)]
 struct Shard {
-    map: HashMap<Arc<str>, Entry>,
+    map: HashMap<Arc<str>, Entry, RandomState>,
     /// Records `(expiry, key)`, soonest first, to find the key to evict in logarithmic time.
     /// Kept lazily: a record is added when a key is created or its expiry moves earlier (rare:
     /// a refund, a release, a reset), not when it moves later (most checks), so every key has
@@ -221,7 +226,7 @@ struct Shard {
 
 impl Shard {
     fn new(cap: usize) -> Self {
-        Shard { map: HashMap::new(), by_expiry: BinaryHeap::new(), cap }
+        Shard { map: HashMap::with_hasher(RandomState::default()), by_expiry: BinaryHeap::new(), cap }
     }
 
     /// Records `key`'s expiry if it moved below its last record.
