@@ -11,7 +11,7 @@
 //! [`RedisString::from_redis_module_string`], which takes it over without retaining it (and
 //! frees it when dropped). [`RedisString::new`] would retain it a second time, and leak it.
 
-use std::ffi::{CStr, c_int};
+use std::ffi::{CStr, c_int, c_void};
 use std::ptr;
 
 use redis_module::RedisString;
@@ -175,6 +175,45 @@ impl Key {
                 // Each new string is ours: taken over (not retained), freed once when dropped.
                 *slot = (!value.is_null()).then(|| RedisString::from_redis_module_string(self.ctx, value));
             }
+        }
+    }
+
+    /// Calls `visit` with each field and value of the hash, in one pass over it (a listpack's
+    /// fields are otherwise found one by one from its start: reading many fields that way costs
+    /// the square of their number). The caller checked the key is a hash. `visit` must not
+    /// panic (it runs under a C callback, where a panic aborts the server).
+    pub fn hash_scan<F: FnMut(&[u8], &[u8])>(&self, mut visit: F) {
+        if self.key.is_null() {
+            return;
+        }
+        /// The C callback: hands each pair to the closure `data` points to.
+        extern "C" fn each<F: FnMut(&[u8], &[u8])>(
+            _key: *mut RedisModuleKey,
+            field: *mut RedisModuleString,
+            value: *mut RedisModuleString,
+            data: *mut c_void,
+        ) {
+            if field.is_null() || value.is_null() || data.is_null() {
+                return;
+            }
+            #[allow(unsafe_code)]
+            // SAFETY: `data` is the `&mut F` hash_scan passed to ScanKey, alive and not otherwise
+            // borrowed while ScanKey runs; Redis calls this on the same thread, during ScanKey.
+            let visit = unsafe { &mut *data.cast::<F>() };
+            visit(RedisString::string_as_slice(field), RedisString::string_as_slice(value));
+        }
+        let create = api!(RedisModule_ScanCursorCreate);
+        let scan = api!(RedisModule_ScanKey);
+        let destroy = api!(RedisModule_ScanCursorDestroy);
+        let data = (&mut visit as *mut F).cast::<c_void>();
+        #[allow(unsafe_code)]
+        // SAFETY: a non-null open key holding a hash (checked by the caller); the cursor is
+        // created, used for this key alone until ScanKey answers 0 (done), and destroyed once.
+        // The strings the callback gets are Redis's, valid during the callback, and not kept.
+        unsafe {
+            let cursor = create();
+            while scan(self.key, cursor, Some(each::<F>), data) != 0 {}
+            destroy(cursor);
         }
     }
 

@@ -21,9 +21,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use redis_module::RedisString;
 use redis_module::raw::{KeyType, RedisModuleCtx, RedisModuleString};
 use smallvec::SmallVec;
-use tollgate_core::script::{Store, StoreError};
+use tollgate_core::script::{Store, StoreError, parse_int};
 
 use crate::key::{self, Key};
+
+/// From this many fields wanted of one hash on, they are read in one pass over the hash
+/// rather than one by one: a listpack (a small hash) is searched from its start for each field,
+/// so many fields cost the square of their number (12 fields of a 12-field hash: 20k
+/// instructions one by one, measured with callgrind).
+const SCAN_FIELDS: usize = 5;
 
 /// The store of one command call.
 pub struct ModuleStore<'a> {
@@ -131,14 +137,28 @@ impl Drop for ModuleStore<'_> {
 
 /// A hash field's value, which Tollgate writes as a decimal integer.
 fn integer(key: &[u8], field: &[u8], value: &[u8]) -> Result<i64, StoreError> {
-    std::str::from_utf8(value).ok().and_then(|text| text.parse().ok()).ok_or_else(|| StoreError::Corrupt {
+    parse_int(value).ok_or_else(|| corrupt(key, field, value))
+}
+
+/// A field name's length and first and last bytes: names that differ in these differ.
+fn tag(name: &[u8]) -> u32 {
+    let ends = match name {
+        [] => 0,
+        [first, .., last] => u32::from(*first) << 8 | u32::from(*last),
+        [only] => u32::from(*only) << 8 | u32::from(*only),
+    };
+    (name.len() as u32) << 16 ^ ends
+}
+
+fn corrupt(key: &[u8], field: &[u8], value: &[u8]) -> StoreError {
+    StoreError::Corrupt {
         key: String::from_utf8_lossy(key).into_owned(),
         what: format!(
             "field {:?} is {:?}, not an integer",
             String::from_utf8_lossy(field),
             String::from_utf8_lossy(value)
         ),
-    })
+    }
 }
 
 /// A score as ZADD reads it back exactly: Rust's shortest round-trip form (`inf`, `-inf`,
@@ -165,6 +185,27 @@ impl Store for ModuleStore<'_> {
         out.fill(None);
         if self.open[at].key.kind() == KeyType::Empty || fields.is_empty() {
             return Ok(());
+        }
+        if fields.len() >= SCAN_FIELDS {
+            // One pass over the hash; each field it holds matched against those wanted, by a
+            // tag of their length and ends first (cheaper than comparing the bytes of each).
+            let tags: SmallVec<[u32; 12]> = fields.iter().map(|field| tag(field)).collect();
+            let mut bad: Option<(usize, Vec<u8>)> = None;
+            self.open[at].key.hash_scan(|field, value| {
+                let wanted = tag(field);
+                for (((name, slot), &tag), i) in fields.iter().zip(out.iter_mut()).zip(&tags).zip(0..) {
+                    if tag == wanted && *name == field {
+                        match parse_int(value) {
+                            Some(value) => *slot = Some(value),
+                            None => bad = bad.take().or_else(|| Some((i, value.to_vec()))),
+                        }
+                    }
+                }
+            });
+            return match bad {
+                Some((i, value)) => Err(corrupt(key, fields[i], &value)),
+                None => Ok(()),
+            };
         }
         let names = self.strings(fields);
         let mut values: SmallVec<[Option<RedisString>; 12]> = (0..fields.len()).map(|_| None).collect();

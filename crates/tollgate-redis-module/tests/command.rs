@@ -266,3 +266,29 @@ fn many_calls_on_existing_keys_leave_the_servers_memory_flat() {
         decide_module(&mut conn, &call(&[check("m0", &hashes, 0)], Some(Timestamp::from_micros(now + 400))));
     assert_eq!(counted.unwrap()[2], 1_000_000 - 300, "300 units taken");
 }
+
+#[test]
+fn a_field_tollgate_did_not_write_is_refused_and_nothing_is_written() {
+    let server = server_with_module(&[]);
+    let mut conn = connect(&server);
+    let now = Some(Timestamp::from_micros(1_800_000_000_000_000));
+    // One rule (two fields, read one by one) and six (twelve fields, read in one pass).
+    let one = RuleSet::new([Rule::fixed_window(5, Period::HOUR)]).unwrap();
+    let periods =
+        [Period::SECOND, Period::MINUTE, Period::HOUR, Period::DAY, Period::WEEK, Period::MONTH_30_DAYS];
+    let six = RuleSet::new(periods.iter().map(|p| Rule::fixed_window(5, *p))).unwrap();
+    for (name, rules) in [("one", &one), ("six", &six)] {
+        let key = common::state_keys(name, rules).remove(0);
+        decide_module(&mut conn, &call(&[check(name, rules, 1)], now)).unwrap();
+        let fields: Vec<String> = redis::cmd("HKEYS").arg(&key).query(&mut conn).unwrap();
+        assert_eq!(fields.len(), 2 * rules.len(), "{fields:?}");
+        // The last field (read last, whichever way) holds a value no twin writes.
+        let _: () =
+            redis::cmd("HSET").arg(&key).arg(&fields[fields.len() - 1]).arg("1.5").query(&mut conn).unwrap();
+        let before: Vec<String> = redis::cmd("HGETALL").arg(&key).query(&mut conn).unwrap();
+        let error = decide_module(&mut conn, &call(&[check(name, rules, 1)], now)).unwrap_err().to_string();
+        assert!(error.contains("did not write") && error.contains("1.5"), "{name}: {error}");
+        let after: Vec<String> = redis::cmd("HGETALL").arg(&key).query(&mut conn).unwrap();
+        assert_eq!(before, after, "{name}");
+    }
+}

@@ -136,7 +136,7 @@ pub fn execute_into(
     store: &mut impl Store,
     reply: &mut impl Extend<i64>,
 ) -> Result<(), CallError> {
-    let call = Call::parse(argv)?;
+    let call = Call::parse(argv).map_err(CallError::from)?;
     if call.entries.len() != keys.len() {
         return Err(CallError::Keys { expected: call.entries.len(), got: keys.len() });
     }
@@ -222,6 +222,20 @@ struct Call<'c> {
     groups: Few<Range<usize>>,
 }
 
+/// A malformed argument: [`CallError::Argument`], small and `Copy`, so that the reader's
+/// results stay small and a failed check costs no drop.
+#[derive(Clone, Copy, Debug)]
+struct BadArgument {
+    index: usize,
+    reason: &'static str,
+}
+
+impl From<BadArgument> for CallError {
+    fn from(BadArgument { index, reason }: BadArgument) -> Self {
+        CallError::Argument { index, reason }
+    }
+}
+
 /// Reads `argv` from `at` on.
 struct Reader<'a, 'c> {
     argv: &'a [&'c [u8]],
@@ -229,19 +243,19 @@ struct Reader<'a, 'c> {
 }
 
 impl<'c> Reader<'_, 'c> {
-    fn bad(&self, reason: &'static str) -> CallError {
-        CallError::Argument { index: self.at, reason }
+    fn bad(&self, reason: &'static str) -> BadArgument {
+        BadArgument { index: self.at, reason }
     }
 
-    fn bytes(&mut self) -> Result<&'c [u8], CallError> {
+    fn bytes(&mut self) -> Result<&'c [u8], BadArgument> {
         let value = self.argv.get(self.at).copied().ok_or_else(|| self.bad("missing"))?;
         self.at += 1;
         Ok(value)
     }
 
-    fn int(&mut self) -> Result<i64, CallError> {
+    fn int(&mut self) -> Result<i64, BadArgument> {
         let text = self.bytes()?;
-        parse_int(text).ok_or(CallError::Argument { index: self.at - 1, reason: "not an integer" })
+        parse_int(text).ok_or(BadArgument { index: self.at - 1, reason: "not an integer" })
     }
 
     /// An integer in `range`.
@@ -249,23 +263,19 @@ impl<'c> Reader<'_, 'c> {
         &mut self,
         range: std::ops::RangeInclusive<i64>,
         reason: &'static str,
-    ) -> Result<i64, CallError> {
+    ) -> Result<i64, BadArgument> {
         let value = self.int()?;
-        if range.contains(&value) {
-            Ok(value)
-        } else {
-            Err(CallError::Argument { index: self.at - 1, reason })
-        }
+        if range.contains(&value) { Ok(value) } else { Err(BadArgument { index: self.at - 1, reason }) }
     }
 
-    fn count(&mut self) -> Result<u64, CallError> {
+    fn count(&mut self) -> Result<u64, BadArgument> {
         Ok(self.int_in(0..=MAX_COUNT as i64, "a count out of range")? as u64)
     }
 
-    fn lease_id(&mut self) -> Result<LeaseId, CallError> {
+    fn lease_id(&mut self) -> Result<LeaseId, BadArgument> {
         let text = self.bytes()?;
         let id = std::str::from_utf8(text).ok().and_then(|t| t.parse::<LeaseId>().ok());
-        id.ok_or(CallError::Argument { index: self.at - 1, reason: "not a lease id" })
+        id.ok_or(BadArgument { index: self.at - 1, reason: "not a lease id" })
     }
 
     fn done(&self) -> bool {
@@ -275,8 +285,9 @@ impl<'c> Reader<'_, 'c> {
 
 /// A decimal integer as `str::parse::<i64>` reads one (an optional sign, then digits, within
 /// `i64`), straight from bytes: a call's arguments are mostly integers, and this is about a
-/// tenth of the cost of checking UTF-8 and then parsing.
-fn parse_int(text: &[u8]) -> Option<i64> {
+/// tenth of the cost of checking UTF-8 and then parsing. A [`Store`] reading Redis's text may
+/// use it for its hash fields.
+pub fn parse_int(text: &[u8]) -> Option<i64> {
     let (negative, digits) = match text {
         [b'-', rest @ ..] => (true, rest),
         [b'+', rest @ ..] => (false, rest),
@@ -298,7 +309,7 @@ fn parse_int(text: &[u8]) -> Option<i64> {
 }
 
 impl<'c> Call<'c> {
-    fn parse(argv: &[&'c [u8]]) -> Result<Call<'c>, CallError> {
+    fn parse(argv: &[&'c [u8]]) -> Result<Call<'c>, BadArgument> {
         let mut r = Reader { argv, at: 0 };
         let now = match r.bytes()? {
             b"" => None,
@@ -315,7 +326,7 @@ impl<'c> Call<'c> {
             let at = r.at;
             let number = r.int()?;
             let parameters = [r.int()?, r.int()?, r.int()?, r.int()?];
-            let algorithm = AnyAlgorithm::from_lua(number, parameters).ok_or(CallError::Argument {
+            let algorithm = AnyAlgorithm::from_lua(number, parameters).ok_or(BadArgument {
                 index: at,
                 reason: "an unknown algorithm, or parameters out of range",
             })?;
@@ -335,12 +346,12 @@ impl<'c> Call<'c> {
         Ok(call)
     }
 
-    fn rule_number(&self, r: &mut Reader<'_, 'c>) -> Result<usize, CallError> {
+    fn rule_number(&self, r: &mut Reader<'_, 'c>) -> Result<usize, BadArgument> {
         Ok(r.int_in(1..=self.rules.len() as i64, "no such rule")? as usize - 1)
     }
 
     /// A run of lone checks: each its own group of one entry.
-    fn read_run(&mut self, r: &mut Reader<'_, 'c>) -> Result<(), CallError> {
+    fn read_run(&mut self, r: &mut Reader<'_, 'c>) -> Result<(), BadArgument> {
         let rule = self.rule_number(r)?;
         let left = r.argv.len().saturating_sub(r.at + 1) as i64;
         let count = r.int_in(0..=left, "more checks than arguments")?;
@@ -356,7 +367,7 @@ impl<'c> Call<'c> {
     }
 
     /// Any other part: its header, then its group plan.
-    fn read_part(&mut self, r: &mut Reader<'_, 'c>) -> Result<(), CallError> {
+    fn read_part(&mut self, r: &mut Reader<'_, 'c>) -> Result<(), BadArgument> {
         let header = r.at;
         let code = r.bytes()?;
         let amount = r.count()?;
@@ -371,7 +382,7 @@ impl<'c> Call<'c> {
         } else if code == OP_RELEASE.as_bytes() {
             PartOp::Release { lease: Lease { id: r.lease_id()?, units: 0 } }
         } else {
-            return Err(CallError::Argument { index: header, reason: "an unknown operation" });
+            return Err(BadArgument { index: header, reason: "an unknown operation" });
         };
         let units = r.count()?;
         let op = match op {
@@ -399,7 +410,7 @@ impl<'c> Call<'c> {
                 let j = usize::try_from(planned.unsigned_abs()).unwrap_or(usize::MAX);
                 let in_group = self.entries.len() - group_start;
                 if j == 0 || j > in_group {
-                    return Err(CallError::Argument { index: at, reason: "no such entry in the group" });
+                    return Err(BadArgument { index: at, reason: "no such entry in the group" });
                 }
                 self.entries[group_start + j - 1].rule
             };
@@ -502,7 +513,7 @@ impl<'c> Slots<'c> {
     fn find(&self, key: &[u8], prefix: &[u8]) -> Option<usize> {
         match &self.index {
             Some((places, _)) => places.get(&(key, prefix)).copied(),
-            None => self.slots.iter().position(|s| s.key == key && s.prefix == prefix),
+            None => self.slots.iter().position(|s| s.prefix == prefix && s.key == key),
         }
     }
 
