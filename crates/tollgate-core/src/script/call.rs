@@ -6,8 +6,11 @@
 //! the Lua can take turns on the same keys: each reads what the other wrote.
 //!
 //! Unlike the script, which writes as it goes, `execute` reads every state the call names
-//! before it writes any, and writes each changed state once at the end: a call with a bad
-//! argument or an unreadable key changes nothing.
+//! before it writes any, and writes what changed once at the end, key by key: a call with a
+//! bad argument or an unreadable key changes nothing, and a call that changed nothing (a
+//! denial) writes nothing. A hash's fields, those of every state it holds, are read together
+//! and written together (only the fields that changed), and its TTL is written once, only when
+//! it must grow: each state remembers the expiry it was read with, as the Lua's `hstore` does.
 
 use std::collections::HashMap;
 use std::ops::Range;
