@@ -51,7 +51,7 @@ use crate::plan::GroupPlan;
 use crate::ruleset::CompiledRule;
 use crate::{Decision, Operation, RuleSet, Timestamp};
 
-pub use call::{CallError, execute};
+pub use call::{CallError, execute, execute_into, parse_int};
 pub use store::{Store, StoreError};
 
 /// Values per distinct rule in the arguments: algorithm number, its parameters, field prefix.

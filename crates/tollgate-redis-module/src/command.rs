@@ -6,8 +6,11 @@ use std::ffi::{CStr, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
 
-use redis_module::raw::{self, RedisModuleCommandKeySpec as KeySpec};
-use redis_module::{Context, RedisError, RedisString, RedisValue, Status, redis_module};
+use redis_module::raw::{
+    self, ModuleOptions, RedisModuleCommandKeySpec as KeySpec, RedisModuleCtx, RedisModuleString,
+};
+use redis_module::{Context, RedisString, Status, redis_module};
+use smallvec::SmallVec;
 
 use crate::args::split;
 use crate::store::ModuleStore;
@@ -15,38 +18,86 @@ use crate::store::ModuleStore;
 /// The command's name as registered (Redis matches command names without regard to case).
 const NAME: &CStr = c"tollgate.decide";
 
-/// Decides one call: split, `execute`, the reply.
-fn decide(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, RedisError> {
-    let bytes: Vec<&[u8]> = args.iter().skip(1).map(RedisString::as_slice).collect();
-    let call = split(&bytes).map_err(|e| RedisError::String(e.to_string()))?;
-    let mut store = ModuleStore::new(ctx);
-    let reply = tollgate_core::script::execute(call.keys, call.argv, &mut store)
-        .map_err(|e| RedisError::String(e.to_string()))?;
-    Ok(RedisValue::Array(reply.into_iter().map(RedisValue::Integer).collect()))
+/// The command's flags. write: it writes state. deny-oom: a decision that needs memory the
+/// server has not got is refused before it starts, never half written. Not fast: a sliding
+/// window log reads its whole sorted set (up to its limit). getkeys-api: Redis 7.0 finds a
+/// call's keys (Cluster routing) by asking the command, not by the key specs.
+const FLAGS: &CStr = c"write deny-oom getkeys-api";
+
+/// Arguments a call holds on the stack (a batch of more spills to the heap).
+type Args<'a> = SmallVec<[&'a [u8]; 32]>;
+
+/// The call's arguments after the command's name, as bytes, read in place (no copy).
+fn bytes<'a>(argv: &[*mut RedisModuleString]) -> Args<'a> {
+    argv.iter().map(|&arg| RedisString::string_as_slice(arg)).collect()
 }
 
-fn tollgate_decide(ctx: &Context, args: Vec<RedisString>) -> Result<RedisValue, RedisError> {
-    if ctx.is_keys_position_request() {
+/// Decides one call: split, `execute`, the reply. `argv` are the arguments after the name.
+fn decide(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<(), String> {
+    let args = bytes(argv);
+    let call = split(&args).map_err(|e| e.to_string())?;
+    // The keys' strings: the arguments after numkeys.
+    let names = &argv[1..1 + call.keys.len()];
+    let mut reply: SmallVec<[i64; 36]> = SmallVec::new();
+    {
+        // Dropped before the reply: each key written is signalled, and every key closed.
+        let mut store = ModuleStore::new(ctx, call.keys, names);
+        tollgate_core::script::execute_into(call.keys, call.argv, &mut store, &mut reply)
+            .map_err(|e| e.to_string())?;
+    }
+    raw::reply_with_array(ctx, reply.len() as _);
+    for value in reply {
+        raw::reply_with_long_long(ctx, value);
+    }
+    Ok(())
+}
+
+/// `TOLLGATE.DECIDE`, as Redis calls it: registered by hand ([`declare`]) rather than through
+/// `redis_module!`, whose wrapper copies every argument into a `Vec` of retained strings.
+extern "C" fn tollgate_decide(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    let context = Context::new(ctx);
+    let argv: &[*mut RedisModuleString] = match usize::try_from(argc) {
+        Ok(count) if !argv.is_null() && count > 0 => {
+            #[allow(unsafe_code)]
+            // SAFETY: Redis passes `argc` valid strings at `argv`, alive for the whole call.
+            unsafe {
+                std::slice::from_raw_parts(argv, count)
+            }
+        }
+        _ => &[],
+    };
+    // The arguments after the name (the arity, -2, guarantees one at least).
+    let argv = argv.get(1..).unwrap_or_default();
+    if context.is_keys_position_request() {
         // Redis asks where the keys are (getkeys-api): Redis 7.0 routes a Cluster call, and
         // answers COMMAND GETKEYS, by this rather than by the key specs. A bad numkeys names
         // no key; the call itself then answers the error.
-        let bytes: Vec<&[u8]> = args.iter().skip(1).map(RedisString::as_slice).collect();
-        if let Ok(call) = split(&bytes) {
-            (0..call.keys.len()).filter_map(|i| i32::try_from(i + 2).ok()).for_each(|at| ctx.key_at_pos(at));
+        if let Ok(call) = split(&bytes(argv)) {
+            (0..call.keys.len())
+                .filter_map(|i| i32::try_from(i + 2).ok())
+                .for_each(|at| context.key_at_pos(at));
         }
-        return Ok(RedisValue::NoReply);
+        return raw::REDISMODULE_OK as c_int;
     }
     // A panic must not cross into C (that aborts redis-server): it becomes an error reply.
     // `execute` reads every state before writing any, so a panic while deciding leaves the
     // data untouched.
-    catch_unwind(AssertUnwindSafe(|| decide(ctx, &args))).unwrap_or_else(|panic| {
+    let outcome = catch_unwind(AssertUnwindSafe(|| decide(ctx, argv))).unwrap_or_else(|panic| {
         let what = panic
             .downcast_ref::<&str>()
             .copied()
             .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
             .unwrap_or("no message");
-        Err(RedisError::String(format!("ERR tollgate: internal error while deciding: {what}")))
-    })
+        Err(format!("ERR tollgate: internal error while deciding: {what}"))
+    });
+    if let Err(message) = outcome {
+        context.reply_error_string(&message);
+    }
+    raw::REDISMODULE_OK as c_int
 }
 
 /// The command's key specs: one spec, whose keys start at argument 1 (numkeys), and number
@@ -97,10 +148,26 @@ static INFO_VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleComman
     sizeof_arg: size_of::<raw::RedisModuleCommandArg>(),
 };
 
-/// Declares the command's arity, key specs and documentation (`COMMAND INFO`, `COMMAND DOCS`),
-/// after `redis_module!` created it. Done by hand: `redis-module`'s own way (its `#[command]`
-/// macro) insists on `RedisModule_SetCommandACLCategories`, which Redis 7.0 lacks.
+/// Creates the command, and declares its arity, key specs and documentation (`COMMAND INFO`,
+/// `COMMAND DOCS`). Done by hand: `redis-module`'s own way (its `#[command]` macro) insists on
+/// `RedisModule_SetCommandACLCategories`, which Redis 7.0 lacks, and its `commands` list wraps
+/// the handler in a copy of every argument. First/last/step 0: the key specs describe the keys
+/// for 7.2+ and for clients reading COMMAND INFO; 7.0 asks the command (getkeys-api).
 fn declare(ctx: &Context, _args: &[RedisString]) -> Status {
+    // The store signals the keys it wrote itself; closing a key opened for writing would
+    // otherwise signal it, written or not (a denied check would abort a WATCHed transaction).
+    ctx.set_module_options(ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED);
+    let create = api!(RedisModule_CreateCommand);
+    #[allow(unsafe_code)]
+    // SAFETY: `ctx` is the load context; the name and flags are NUL-terminated static strings,
+    // which CreateCommand copies; the handler is an `extern "C"` function of the signature
+    // Redis calls.
+    let created =
+        unsafe { create(ctx.get_raw(), NAME.as_ptr(), Some(tollgate_decide), FLAGS.as_ptr(), 0, 0, 0) };
+    if created != raw::REDISMODULE_OK as c_int {
+        ctx.log_warning("tollgate: could not create TOLLGATE.DECIDE");
+        return Status::Err;
+    }
     let (Some(get_command), Some(set_info)) = (
         {
             #[allow(unsafe_code)]
@@ -166,14 +233,6 @@ mod entry {
         allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
         data_types: [],
         init: declare,
-        commands: [
-            // write: it writes state. deny-oom: a decision that needs memory the server has
-            // not got is refused before it starts, never half written. Not fast: a sliding
-            // window log reads its whole sorted set (up to its limit). getkeys-api: Redis 7.0
-            // finds a call's keys (Cluster routing) by asking the command, not by the key
-            // specs; first/last/step 0: the key specs (declare) describe them for 7.2+ and
-            // for clients reading COMMAND INFO.
-            ["tollgate.decide", tollgate_decide, "write deny-oom getkeys-api", 0, 0, 0, ""],
-        ],
+        commands: [],
     }
 }

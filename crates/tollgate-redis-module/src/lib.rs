@@ -30,6 +30,12 @@
 //!   calls) as it routes `EVALSHA`. Redis 7.0 finds the keys of a module command by asking it
 //!   (`getkeys-api`) rather than by its key specs, so the command answers that question too.
 //! - Replication: the writes' effects, never the command (see [`store`]).
+//! - Each key is opened once per call, and signalled modified (`WATCH`, client-side caching)
+//!   only if the call wrote it: a denied check, which writes nothing, aborts no transaction.
+//! - Cost: the arguments are read in place, and `execute` allocates nothing for a call of a
+//!   few rules; a hash's fields are read in one module call and written in one, replicated as
+//!   one HSET, its TTL only when it must grow. Where the rest goes: "The Redis module (issue
+//!   16)" in docs/benchmarks.md, and `scripts/bench-redis-cpu --engine module`.
 //!
 //! # Testing
 //!
@@ -42,10 +48,24 @@
 //! Unsafe code is denied in this crate as elsewhere and allowed only block by block where the
 //! module API (C) is called, each with its reason; the rest of the workspace forbids it.
 
+/// The module API's function `$name`. Redis fills the table in when it loads the module; a
+/// function missing from the running server (older than the API the crate was built against)
+/// panics here, which the command turns into an error reply, rather than calling null.
+macro_rules! api {
+    ($name:ident) => {{
+        #[allow(unsafe_code)]
+        // SAFETY: RedisModule_Init (run by the load entry point, before any command) writes the
+        // API's function pointers once, on the main thread, and nothing writes them after;
+        // reading one is a copy of a pointer-sized value, taking no reference to the static.
+        let function = unsafe { redis_module::raw::$name };
+        function.expect(concat!("the module API has no ", stringify!($name)))
+    }};
+}
+
 pub mod args;
 #[cfg(not(test))]
 mod command;
-pub mod key;
+mod key;
 pub mod store;
 
 /// The module's version as Redis shows it (`MODULE LIST`): `major * 10000 + minor * 100 + patch`.

@@ -1,13 +1,16 @@
 //! The command as Redis sees it: the module loads under its name and version, the command's
-//! flags and key specs are declared (so Redis Cluster routes it), and a malformed `numkeys`
-//! is an error reply, as `EVALSHA`'s is.
+//! flags and key specs are declared (so Redis Cluster routes it), a malformed `numkeys` is an
+//! error reply, as `EVALSHA`'s is; a key is signalled modified (WATCH) only when a call wrote
+//! it; and the server's memory stays flat over many calls on existing keys (no string leaked).
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{connect, server_with_module};
+use common::{call, check, connect, decide_module, server_with_module};
 use redis::Value;
+use tollgate_core::script::Part;
+use tollgate_core::{Lease, LeaseId, Operation, Period, Rule, RuleSet, Timestamp};
 
 /// Every scalar of a reply, depth first, as text.
 fn flatten(value: &Value, out: &mut Vec<String>) {
@@ -131,4 +134,161 @@ fn a_malformed_numkeys_is_an_error_reply_as_evalshas() {
     }
     let pong: String = redis::cmd("PING").query(&mut conn).unwrap();
     assert_eq!(pong, "PONG");
+}
+
+/// Whether a transaction WATCHing `key` on `watcher`, around `meanwhile` (run on another
+/// connection), commits.
+fn watched_transaction_commits(watcher: &mut redis::Connection, key: &str, meanwhile: impl FnOnce()) -> bool {
+    let _: () = redis::cmd("WATCH").arg(key).query(watcher).unwrap();
+    meanwhile();
+    let _: () = redis::cmd("MULTI").query(watcher).unwrap();
+    let _: () = redis::cmd("PING").query(watcher).unwrap();
+    let exec: Value = redis::cmd("EXEC").query(watcher).unwrap();
+    match exec {
+        Value::Nil => false,
+        Value::Array(replies) => {
+            assert_eq!(replies.len(), 1, "{replies:?}");
+            true
+        }
+        other => panic!("EXEC answered {other:?}"),
+    }
+}
+
+#[test]
+fn a_written_key_aborts_a_watched_transaction_and_a_denied_check_does_not() {
+    let server = server_with_module(&[]);
+    let (mut conn, mut watcher) = (connect(&server), connect(&server));
+    // An explicit time: the decisions do not depend on when the test runs.
+    let now = Some(Timestamp::from_micros(1_800_000_000_000_000));
+    let rules = RuleSet::new([Rule::fixed_window(2, Period::HOUR), Rule::gcra(2, Period::HOUR, 2)]).unwrap();
+    let key = common::state_keys("w", &rules).remove(0);
+    let mut decide = |parts: &[Part<'_>]| decide_module(&mut conn, &call(parts, now)).unwrap();
+
+    // Admitted: the states change, the key is written, the transaction aborts.
+    let admitted = watched_transaction_commits(&mut watcher, &key, || {
+        assert_eq!(decide(&[check("w", &rules, 1)])[1], 1);
+    });
+    assert!(!admitted, "a write must abort a transaction watching the key");
+
+    // A peek (cost 0) changes nothing: no write, no signal.
+    let peeked = watched_transaction_commits(&mut watcher, &key, || {
+        assert_eq!(decide(&[check("w", &rules, 0)])[1], 1);
+    });
+    assert!(peeked, "a peek wrote the key");
+
+    // The second unit, then a denial: the denial writes nothing and signals nothing.
+    assert_eq!(decide(&[check("w", &rules, 1)])[1], 1);
+    let before: Vec<String> = redis::cmd("HGETALL").arg(&key).query(&mut watcher).unwrap();
+    let denied = watched_transaction_commits(&mut watcher, &key, || {
+        assert_eq!(decide(&[check("w", &rules, 1)])[1], 0, "the third unit is denied");
+    });
+    assert!(denied, "a denied check aborted a transaction watching the key");
+    let after: Vec<String> = redis::cmd("HGETALL").arg(&key).query(&mut watcher).unwrap();
+    assert_eq!(before, after);
+
+    // And a write after the denial aborts again (the signal is per call, not lost).
+    let refunded = watched_transaction_commits(&mut watcher, &key, || {
+        decide(&[Part::alone("w", &rules, Operation::Refund { amount: 1 })]);
+    });
+    assert!(!refunded, "a refund wrote the key");
+}
+
+/// The server's `used_memory`.
+fn used_memory(conn: &mut redis::Connection) -> i64 {
+    let info: String = redis::cmd("INFO").arg("memory").query(conn).unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("used_memory:"))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no used_memory in {info}"))
+}
+
+#[test]
+fn many_calls_on_existing_keys_leave_the_servers_memory_flat() {
+    let server = server_with_module(&[]);
+    let mut conn = connect(&server);
+    // Every kind of state, on keys that exist from the first round on: each call reads hash
+    // fields (values Redis hands over as new strings) and sorted sets (members, likewise), and
+    // writes some of them back.
+    let hashes = RuleSet::new([
+        Rule::fixed_window(1_000_000, Period::HOUR),
+        Rule::sliding_window_counter(1_000_000, Period::HOUR),
+        Rule::gcra(1_000_000, Period::HOUR, 1_000_000),
+    ])
+    .unwrap();
+    let log = RuleSet::new([Rule::sliding_window_log(10, Period::HOUR)]).unwrap();
+    let leases = RuleSet::new([Rule::concurrency(10, Period::HOUR)]).unwrap();
+    let held = Lease { id: "held".parse::<LeaseId>().unwrap(), units: 1 };
+    let turn = Lease { id: "turn".parse::<LeaseId>().unwrap(), units: 1 };
+    let now = 1_800_000_000_000_000;
+    let keys: Vec<String> = (0..20).map(|i| format!("m{i}")).collect();
+    let round = |conn: &mut redis::Connection, rounds: u64, first: u64| {
+        for r in first..first + rounds {
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                // One microsecond apart: the log keeps its one entry (a second check at another
+                // time would add one, and the set would grow, as it should).
+                let at = Some(Timestamp::from_micros(now + r));
+                let acquire = Operation::Acquire { cost: 1, lease: &turn.id };
+                let release = Operation::Release { lease: &turn };
+                let calls = [
+                    call(&[check(key, &hashes, 1)], at),
+                    call(&[check(key, &log, 0)], at),
+                    call(&[Part::alone(key, &leases, acquire)], at),
+                    call(&[Part::alone(key, &leases, release)], at),
+                ];
+                for c in calls {
+                    pipe.cmd("TOLLGATE.DECIDE").arg(c.keys.len()).arg(&c.keys).arg(&c.argv);
+                }
+            }
+            let replies: Vec<Vec<i64>> = pipe.query(conn).unwrap();
+            assert!(replies.iter().all(|reply| reply.len() > 1), "{replies:?}");
+        }
+    };
+    // The keys, each with a log entry and a lease held throughout.
+    for key in &keys {
+        let at = Some(Timestamp::from_micros(now));
+        decide_module(&mut conn, &call(&[check(key, &log, 1)], at)).unwrap();
+        let acquire = Operation::Acquire { cost: 1, lease: &held.id };
+        decide_module(&mut conn, &call(&[Part::alone(key, &leases, acquire)], at)).unwrap();
+    }
+    round(&mut conn, 50, 1);
+    let before = used_memory(&mut conn);
+    let calls_per_round = 4 * keys.len() as i64;
+    let rounds = 250;
+    round(&mut conn, rounds, 51);
+    let grown = used_memory(&mut conn) - before;
+    let calls = calls_per_round * rounds as i64;
+    // A string leaked per call is 16 bytes at the least (Redis's smallest allocation); the
+    // states' own growth (a count's digits) is a few bytes per key.
+    assert!(grown < calls * 4, "{grown} bytes more after {calls} calls ({} per call)", grown / calls);
+    // The states are what the calls made of them.
+    let counted =
+        decide_module(&mut conn, &call(&[check("m0", &hashes, 0)], Some(Timestamp::from_micros(now + 400))));
+    assert_eq!(counted.unwrap()[2], 1_000_000 - 300, "300 units taken");
+}
+
+#[test]
+fn a_field_tollgate_did_not_write_is_refused_and_nothing_is_written() {
+    let server = server_with_module(&[]);
+    let mut conn = connect(&server);
+    let now = Some(Timestamp::from_micros(1_800_000_000_000_000));
+    // One rule (two fields, read one by one) and six (twelve fields, read in one pass).
+    let one = RuleSet::new([Rule::fixed_window(5, Period::HOUR)]).unwrap();
+    let periods =
+        [Period::SECOND, Period::MINUTE, Period::HOUR, Period::DAY, Period::WEEK, Period::MONTH_30_DAYS];
+    let six = RuleSet::new(periods.iter().map(|p| Rule::fixed_window(5, *p))).unwrap();
+    for (name, rules) in [("one", &one), ("six", &six)] {
+        let key = common::state_keys(name, rules).remove(0);
+        decide_module(&mut conn, &call(&[check(name, rules, 1)], now)).unwrap();
+        let fields: Vec<String> = redis::cmd("HKEYS").arg(&key).query(&mut conn).unwrap();
+        assert_eq!(fields.len(), 2 * rules.len(), "{fields:?}");
+        // The last field (read last, whichever way) holds a value no twin writes.
+        let _: () =
+            redis::cmd("HSET").arg(&key).arg(&fields[fields.len() - 1]).arg("1.5").query(&mut conn).unwrap();
+        let before: Vec<String> = redis::cmd("HGETALL").arg(&key).query(&mut conn).unwrap();
+        let error = decide_module(&mut conn, &call(&[check(name, rules, 1)], now)).unwrap_err().to_string();
+        assert!(error.contains("did not write") && error.contains("1.5"), "{name}: {error}");
+        let after: Vec<String> = redis::cmd("HGETALL").arg(&key).query(&mut conn).unwrap();
+        assert_eq!(before, after, "{name}");
+    }
 }

@@ -25,7 +25,10 @@ pub enum StoreError {
 
 /// Hashes and sorted sets under byte-string keys, with expiries: the part of Redis the
 /// engine's states live in. [`execute`](super::execute) reads every state a call needs before
-/// it writes any, and writes each changed state once, at the end.
+/// it writes any, and writes what changed once, at the end, key by key: a hash's fields (those
+/// of all the states it holds) are read in one [`hash_get`](Self::hash_get), and written in at
+/// most one [`hash_set`](Self::hash_set) and one [`hash_delete`](Self::hash_delete), then its
+/// TTL once; a key nothing changed in is not written at all.
 pub trait Store {
     /// The store's clock, in microseconds since the Unix epoch (Redis's `TIME`).
     fn now(&mut self) -> Result<i64, StoreError>;
@@ -59,4 +62,16 @@ pub trait Store {
 
     /// Makes `key` expire `millis` milliseconds from now.
     fn set_time_to_live(&mut self, key: &[u8], millis: i64) -> Result<(), StoreError>;
+
+    /// Makes `key` live at least `millis` milliseconds from now: sets its TTL when it has none
+    /// or a shorter one, and leaves a longer one (the Lua's `PEXPIRE NX`, then `GT`). A store
+    /// that reads a key's expiry as an absolute time should override this, comparing on one
+    /// reading of its clock: the default compares [`time_to_live`](Self::time_to_live), which
+    /// runs on between the two calls.
+    fn extend_time_to_live(&mut self, key: &[u8], millis: i64) -> Result<(), StoreError> {
+        if self.time_to_live(key)?.is_some_and(|ttl| ttl >= millis) {
+            return Ok(());
+        }
+        self.set_time_to_live(key, millis)
+    }
 }
