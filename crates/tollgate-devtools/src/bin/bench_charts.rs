@@ -1,7 +1,9 @@
 //! Charts of `bench/compare`'s results: reads the `results.json` it wrote and writes two SVGs
 //! into a directory, `bench-decisions.svg` (decisions per second) and `bench-redis-us.svg`
 //! (Redis CPU microseconds per decision), one panel per algorithm, a group of bars per
-//! concurrency, a bar per contender.
+//! concurrency, a bar per contender: Tollgate's two engines (the Lua library and the Redis
+//! module), rate-limiter-flexible, limits and redis-cell. A contender it does not know is an
+//! error, not a missing bar.
 //!
 //! Usage: `cargo run --release -p tollgate-devtools --bin bench_charts -- RESULTS.json OUT_DIR`
 
@@ -20,6 +22,15 @@ struct Results {
     cases: Vec<Case>,
     #[serde(default)]
     seed_baseline: BTreeMap<String, f64>,
+    #[serde(default)]
+    settings: Settings,
+}
+
+#[derive(Default, Deserialize)]
+struct Settings {
+    /// Runs per case; each figure is the median of its runs.
+    #[serde(default)]
+    repeats: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -31,11 +42,14 @@ struct Case {
     redis_us_per_decision: Option<f64>,
 }
 
-/// The contenders in legend order, with their colours.
-const CONTENDERS: [(&str, &str, RGBColor); 3] = [
-    ("tollgate", "Tollgate", RGBColor(0x1f, 0x77, 0xb4)),
+/// The contenders in legend order (bench/compare's), with their colours: Tollgate's engines in
+/// two blues, the peers apart.
+const CONTENDERS: [(&str, &str, RGBColor); 5] = [
+    ("tollgate (lua)", "Tollgate, Lua library (FCALL)", RGBColor(0x6b, 0xae, 0xd6)),
+    ("tollgate (module)", "Tollgate, Redis module (TOLLGATE.DECIDE)", RGBColor(0x08, 0x45, 0x94)),
     ("rate-limiter-flexible", "rate-limiter-flexible (Node, ioredis)", RGBColor(0xff, 0x7f, 0x0e)),
     ("limits", "limits (Python)", RGBColor(0x2c, 0xa0, 0x2c)),
+    ("redis-cell", "redis-cell (CL.THROTTLE)", RGBColor(0xd6, 0x27, 0x28)),
 ];
 
 /// What one chart shows of a case.
@@ -53,8 +67,8 @@ fn algorithm_label(algorithm: &str) -> String {
         "fixed_window" => "fixed window".into(),
         "sliding_window_counter" => "sliding window counter".into(),
         "sliding_window_log" => "sliding window log (limits: moving window)".into(),
-        "token_bucket" => "token bucket (Tollgate only)".into(),
-        "gcra" => "GCRA (Tollgate only)".into(),
+        "token_bucket" => "token bucket (redis-cell: its GCRA, the same admissions)".into(),
+        "gcra" => "GCRA".into(),
         other => other.replace('_', " "),
     }
 }
@@ -79,9 +93,26 @@ fn main() -> anyhow::Result<()> {
     };
     let (input, out) = (PathBuf::from(input), PathBuf::from(out));
     let text = std::fs::read_to_string(&input).with_context(|| format!("reading {}", input.display()))?;
-    let results: Results =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", input.display()))?;
-    std::fs::create_dir_all(&out)?;
+    let results = parse(&text).with_context(|| format!("reading {}", input.display()))?;
+    for path in charts(&results, &out)? {
+        println!("{}", path.display());
+    }
+    Ok(())
+}
+
+/// The results, refused when a case names a contender the charts do not know (it would have
+/// no bar and no legend entry, and look absent).
+fn parse(text: &str) -> anyhow::Result<Results> {
+    let results: Results = serde_json::from_str(text)?;
+    if let Some(case) = results.cases.iter().find(|c| !CONTENDERS.iter().any(|(id, ..)| *id == c.contender)) {
+        anyhow::bail!("unknown contender {:?}", case.contender);
+    }
+    Ok(results)
+}
+
+/// Both charts into `out`; returns their paths.
+fn charts(results: &Results, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(out)?;
     let metrics = [
         Metric {
             file: "bench-decisions.svg",
@@ -98,12 +129,13 @@ fn main() -> anyhow::Result<()> {
             seed: false,
         },
     ];
+    let mut written = Vec::new();
     for metric in &metrics {
         let path = out.join(metric.file);
-        draw(&results, metric, &path).with_context(|| format!("drawing {}", path.display()))?;
-        println!("{}", path.display());
+        draw(results, metric, &path).with_context(|| format!("drawing {}", path.display()))?;
+        written.push(path);
     }
-    Ok(())
+    Ok(written)
 }
 
 fn draw(results: &Results, metric: &Metric, path: &Path) -> anyhow::Result<()> {
@@ -124,17 +156,9 @@ fn draw(results: &Results, metric: &Metric, path: &Path) -> anyhow::Result<()> {
 
     let columns = algorithms.len().min(2);
     let rows = algorithms.len().div_ceil(columns);
-    let (width, panel_height, header) = (560 * columns as u32, 330u32, 78u32);
-    let root = SVGBackend::new(path, (width, header + panel_height * rows as u32)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (top, body) = root.split_vertically(header);
-    top.draw(&Text::new(
-        format!("{} ({})", metric.title, results.date),
-        (12, 8),
-        ("sans-serif", 18).into_font().color(&BLACK),
-    ))?;
-    // One legend for every panel.
-    let mut x = 12;
+    let width = 560 * columns as u32;
+    // The legend, one entry per contender present (and the seed's line), wrapped into as many
+    // rows as the width needs: five contenders do not fit on one row of a one-panel chart.
     let mut entries: Vec<(String, ShapeStyle, bool)> = CONTENDERS
         .iter()
         .filter(|(id, ..)| results.cases.iter().any(|c| c.contender == *id))
@@ -143,14 +167,37 @@ fn draw(results: &Results, metric: &Metric, path: &Path) -> anyhow::Result<()> {
     if metric.seed && seed_panel.is_some() && !results.seed_baseline.is_empty() {
         entries.push(("seed system, published (token bucket)".into(), BLACK.stroke_width(3), true));
     }
-    for (label, style, line) in entries {
-        if line {
-            top.draw(&PathElement::new(vec![(x, 47), (x + 16, 47)], style))?;
-        } else {
-            top.draw(&Rectangle::new([(x, 40), (x + 14, 54)], style))?;
+    let mut placed = Vec::with_capacity(entries.len());
+    let (mut x, mut row) = (12i32, 0i32);
+    for entry in entries {
+        // Text of 14 px runs about 6.5 px a character.
+        let advance = 40 + (entry.0.chars().count() as i32) * 13 / 2;
+        if x > 12 && x + advance > width as i32 {
+            (x, row) = (12, row + 1);
         }
-        top.draw(&Text::new(label.clone(), (x + 20, 40), ("sans-serif", 14).into_font()))?;
-        x += 40 + (label.chars().count() as i32) * 13 / 2;
+        placed.push((x, 40 + 22 * row, entry));
+        x += advance;
+    }
+    let (panel_height, header) = (330u32, 64 + 22 * (row as u32 + 1) - 8);
+    let root = SVGBackend::new(path, (width, header + panel_height * rows as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, body) = root.split_vertically(header);
+    let runs = match results.settings.repeats {
+        Some(n) if n > 1 => format!(", each figure the median of {n} runs"),
+        _ => String::new(),
+    };
+    top.draw(&Text::new(
+        format!("{} ({}{runs})", metric.title, results.date),
+        (12, 8),
+        ("sans-serif", 18).into_font().color(&BLACK),
+    ))?;
+    for (x, y, (label, style, line)) in placed {
+        if line {
+            top.draw(&PathElement::new(vec![(x, y + 7), (x + 16, y + 7)], style))?;
+        } else {
+            top.draw(&Rectangle::new([(x, y), (x + 14, y + 14)], style))?;
+        }
+        top.draw(&Text::new(label, (x + 20, y), ("sans-serif", 14).into_font()))?;
     }
 
     let panels = body.split_evenly((rows, columns));
@@ -229,4 +276,59 @@ fn draw(results: &Results, metric: &Metric, path: &Path) -> anyhow::Result<()> {
     }
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A results.json as bench/compare writes it (the fields the charts read), one case per
+    /// contender and level.
+    fn results_json(contenders: &[&str]) -> String {
+        let mut cases = Vec::new();
+        for (i, contender) in contenders.iter().enumerate() {
+            for (j, level) in [1, 100].into_iter().enumerate() {
+                let algorithm = if *contender == "redis-cell" { "gcra" } else { "fixed_window" };
+                cases.push(serde_json::json!({
+                    "algorithm": algorithm, "contender": contender, "concurrency": level,
+                    "decisions_per_second": 1000.0 * (10 * i + j + 11) as f64,
+                    "redis_us_per_decision": (10 * i + j + 11) as f64,
+                }));
+            }
+        }
+        serde_json::json!({
+            "date": "2026-01-01", "cases": cases, "settings": {"repeats": 3},
+            "seed_baseline": {"1": 250.0, "100": 5000.0},
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn every_contender_gets_its_legend_entry_and_bars() {
+        let all: Vec<&str> = CONTENDERS.iter().map(|(id, ..)| *id).collect();
+        let results = parse(&results_json(&all)).unwrap();
+        let out = std::env::temp_dir().join(format!("bench-charts-test-{}", std::process::id()));
+        let written = charts(&results, &out).unwrap();
+        let decisions = std::fs::read_to_string(&written[0]).unwrap();
+        let redis_us = std::fs::read_to_string(&written[1]).unwrap();
+        std::fs::remove_dir_all(&out).unwrap();
+        for (_, label, _) in CONTENDERS {
+            assert!(decisions.contains(label) && redis_us.contains(label), "no legend entry {label}");
+        }
+        // Each contender's colour: its legend swatch and one bar per level, on both charts.
+        for (id, _, RGBColor(r, g, b)) in CONTENDERS {
+            let fill = format!("fill=\"#{r:02X}{g:02X}{b:02X}\"");
+            for svg in [&decisions, &redis_us] {
+                assert_eq!(svg.matches(&fill).count(), 3, "{id}: legend and 2 bars ({fill})");
+            }
+        }
+        assert!(decisions.contains("median of 3 runs"));
+        assert!(decisions.contains("GCRA") && decisions.contains("fixed window"));
+    }
+
+    #[test]
+    fn an_unknown_contender_is_refused() {
+        let error = parse(&results_json(&["tollgate (lua)", "tollgate"])).err().unwrap();
+        assert!(error.to_string().contains("unknown contender \"tollgate\""), "{error}");
+    }
 }
