@@ -1,7 +1,9 @@
 //! The Redis backend on the Tollgate Redis module's engine (`TOLLGATE.DECIDE`): the shared
 //! scenarios; the engine `auto` picks; `module` refusing a Redis without the module; the module
-//! loaded into a running Redis mid-count; and both engines at once on the same keys, under
-//! load, admitting exactly the limit.
+//! loaded into a running Redis mid-count; both engines at once on the same keys, under load,
+//! admitting exactly the limit; and the module unloaded, loaded and unloaded again under load
+//! (`engine_switch`). The other backend tests run on both engines too (`on_both_engines!`, in
+//! tests/engines).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
