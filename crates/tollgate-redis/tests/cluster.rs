@@ -1,27 +1,34 @@
 //! The Redis backend on a real Redis Cluster of the tests' own (three masters, three replicas):
 //! keys spread over every master, exactness under concurrency across them, batches across
-//! slots, resets, and a master killed under load.
+//! slots, resets, and a master killed under load. On both engines (`name::on_lua`,
+//! `name::on_module`).
+
+mod engines;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tollgate_core::{Backend, Part, Period, Rule, RuleSet};
-use tollgate_redis::RedisBackend;
+use tollgate_redis::{Engine, RedisBackend};
 use tollgate_testkit::RedisCluster;
 
-fn backend(cluster: &RedisCluster) -> Arc<RedisBackend> {
-    Arc::new(RedisBackend::builder(cluster.url()).timeout(Duration::from_secs(5)).build().unwrap())
+use engines::{cluster, on_both_engines};
+
+fn backend(cluster: &RedisCluster, engine: Engine) -> Arc<RedisBackend> {
+    Arc::new(
+        RedisBackend::builder(cluster.url()).engine(engine).timeout(Duration::from_secs(5)).build().unwrap(),
+    )
 }
 
 fn dbsize(cluster: &RedisCluster, node: usize) -> i64 {
     cluster.nodes()[node].command(&["DBSIZE"])
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn keys_spread_over_every_master_and_stay_exact() {
-    let cluster = RedisCluster::start();
-    let backend = backend(&cluster);
+on_both_engines!(keys_spread_over_every_master_and_stay_exact, flavor = "multi_thread", worker_threads = 4);
+async fn keys_spread_over_every_master_and_stay_exact(engine: Engine) {
+    let cluster = cluster(engine);
+    let backend = backend(&cluster, engine);
     let rules =
         RuleSet::new([Rule::fixed_window(20, Period::HOUR), Rule::gcra(20, Period::HOUR, 20)]).unwrap();
     const KEYS: usize = 30;
@@ -54,10 +61,10 @@ async fn keys_spread_over_every_master_and_stay_exact() {
     assert_eq!(total, KEYS as i64, "one hash per key, on exactly one master");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batches_across_slots_and_resets_work() {
-    let cluster = RedisCluster::start();
-    let backend = backend(&cluster);
+on_both_engines!(batches_across_slots_and_resets_work, flavor = "multi_thread", worker_threads = 2);
+async fn batches_across_slots_and_resets_work(engine: Engine) {
+    let cluster = cluster(engine);
+    let backend = backend(&cluster, engine);
     let per_ip = RuleSet::new([Rule::fixed_window(3, Period::MINUTE)]).unwrap();
     let per_path = RuleSet::new([Rule::fixed_window(5, Period::MINUTE)]).unwrap();
     // An Envoy-style request: two descriptors, two keys (two slots), one group.
@@ -77,10 +84,14 @@ async fn batches_across_slots_and_resets_work() {
     backend.ping().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_master_killed_under_load_fails_over_and_decisions_continue() {
-    let mut cluster = RedisCluster::start();
-    let backend = backend(&cluster);
+on_both_engines!(
+    a_master_killed_under_load_fails_over_and_decisions_continue,
+    flavor = "multi_thread",
+    worker_threads = 4
+);
+async fn a_master_killed_under_load_fails_over_and_decisions_continue(engine: Engine) {
+    let mut cluster = cluster(engine);
+    let backend = backend(&cluster, engine);
     let rules = RuleSet::new([Rule::fixed_window(1_000_000, Period::HOUR)]).unwrap();
     // Keys on every master.
     for n in 0..30 {

@@ -5,7 +5,10 @@
 //! `TRYAGAIN` (a check whose two keys are split between the nodes for a moment) and `MOVED`
 //! (once the slot changed hands), and runs the script on a node that has never seen it. Every
 //! key admits exactly its limit across the move: nothing is lost or counted twice, and no call
-//! fails.
+//! fails. On both engines (`name::on_lua`, `name::on_module`: the new master loads the module
+//! too, as the others did).
+
+mod engines;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,8 +16,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tollgate_core::{Backend, Period, Rule, RuleSet};
-use tollgate_redis::RedisBackend;
+use tollgate_redis::{Engine, RedisBackend};
 use tollgate_testkit::{RedisCluster, key_slot};
+
+use engines::{cluster, on_both_engines};
 
 /// Per key and per rule; more than the load reaches, so every check until the end is counted.
 const LIMIT: u64 = 10_000;
@@ -48,13 +53,14 @@ enum Target {
 /// 40 ms apart, under load from 16 tasks; checks that nothing failed and every check counted
 /// once. Answers the cluster, the backend, the rules, the keys, what each admitted, the slot
 /// and the node it moved to.
-async fn migrate_under_load(key_count: usize, target: Target, per_migrate: usize) -> Moved {
-    let mut cluster = RedisCluster::start();
+async fn migrate_under_load(engine: Engine, key_count: usize, target: Target, per_migrate: usize) -> Moved {
+    let mut cluster = cluster(engine);
     let (slot, keys) = keys_of_one_slot(key_count);
     let first_key = format!("tollgate:{{{}}}:h", keys[0]);
     assert_eq!(cluster.nodes()[0].command::<i64>(&["CLUSTER", "KEYSLOT", &first_key]), i64::from(slot));
     let backend = Arc::new(
         RedisBackend::builder(cluster.url())
+            .engine(engine)
             .timeout(Duration::from_secs(5))
             // Every check goes to Redis (no denial is answered locally).
             .deny_cache(false)
@@ -190,14 +196,22 @@ impl Moved {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_slot_moved_to_a_new_master_under_load_counts_every_check_once() {
-    migrate_under_load(6, Target::NewMaster, 1).await.assert_exact().await;
+on_both_engines!(
+    a_slot_moved_to_a_new_master_under_load_counts_every_check_once,
+    flavor = "multi_thread",
+    worker_threads = 4
+);
+async fn a_slot_moved_to_a_new_master_under_load_counts_every_check_once(engine: Engine) {
+    migrate_under_load(engine, 6, Target::NewMaster, 1).await.assert_exact().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_slot_resharded_between_masters_under_load_counts_every_check_once() {
-    let moved = migrate_under_load(30, Target::OtherMaster, 10).await;
+on_both_engines!(
+    a_slot_resharded_between_masters_under_load_counts_every_check_once,
+    flavor = "multi_thread",
+    worker_threads = 4
+);
+async fn a_slot_resharded_between_masters_under_load_counts_every_check_once(engine: Engine) {
+    let moved = migrate_under_load(engine, 30, Target::OtherMaster, 10).await;
     // And back in one go, as `redis-cli --cluster reshard` would (no load): still exact.
     let (cluster, slot, from, to) = (&moved.cluster, moved.slot, moved.from, moved.to);
     tokio::task::block_in_place(|| cluster.migrate_slot(slot, to, from));

@@ -1,15 +1,21 @@
 //! Resets on a Redis Cluster (issue 18): a reset is one script call sent as a check is, so it
 //! follows `ASK`, `MOVED` and `TRYAGAIN` while a slot migrates, and finds the new master after a
 //! fail-over, as checks do; and it is never half done (a rule set whose states live in two Redis
-//! keys, a hash and a sorted set, has both forgotten or neither).
+//! keys, a hash and a sorted set, has both forgotten or neither). On both engines
+//! (`name::on_lua`, `name::on_module`): a reset is the same script on both, and the checks around
+//! it are each engine's.
+
+mod engines;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tollgate_core::{Backend, Period, Rule, RuleSet};
-use tollgate_redis::RedisBackend;
+use tollgate_redis::{Engine, RedisBackend};
 use tollgate_testkit::{RedisCluster, key_slot};
+
+use engines::{cluster, on_both_engines};
 
 /// Per key and per rule; far beyond what the tests spend.
 const LIMIT: u64 = 1_000;
@@ -29,9 +35,10 @@ fn rules() -> RuleSet {
         .unwrap()
 }
 
-fn backend(cluster: &RedisCluster) -> Arc<RedisBackend> {
+fn backend(cluster: &RedisCluster, engine: Engine) -> Arc<RedisBackend> {
     Arc::new(
         RedisBackend::builder(cluster.url())
+            .engine(engine)
             .timeout(Duration::from_secs(5))
             // Every check goes to Redis.
             .deny_cache(false)
@@ -78,11 +85,15 @@ async fn spend_reset_peek(backend: &RedisBackend, rules: &RuleSet, key: &str, se
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn resets_during_a_slot_migration_follow_the_redirections_and_are_never_half_done() {
-    let cluster = RedisCluster::start();
+on_both_engines!(
+    resets_during_a_slot_migration_follow_the_redirections_and_are_never_half_done,
+    flavor = "multi_thread",
+    worker_threads = 4
+);
+async fn resets_during_a_slot_migration_follow_the_redirections_and_are_never_half_done(engine: Engine) {
+    let cluster = cluster(engine);
     let (slot, keys) = keys_of_one_slot(8);
-    let backend = backend(&cluster);
+    let backend = backend(&cluster, engine);
     let rules = rules();
     for key in &keys {
         assert!(backend.check(key, &rules, 1).await.unwrap().allowed());
@@ -152,11 +163,15 @@ async fn resets_during_a_slot_migration_follow_the_redirections_and_are_never_ha
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn resets_during_a_fail_over_fail_only_while_the_slot_has_no_master() {
-    let mut cluster = RedisCluster::start();
+on_both_engines!(
+    resets_during_a_fail_over_fail_only_while_the_slot_has_no_master,
+    flavor = "multi_thread",
+    worker_threads = 4
+);
+async fn resets_during_a_fail_over_fail_only_while_the_slot_has_no_master(engine: Engine) {
+    let mut cluster = cluster(engine);
     let (slot, keys) = keys_of_one_slot(4);
-    let backend = backend(&cluster);
+    let backend = backend(&cluster, engine);
     let rules = rules();
     for key in &keys {
         assert!(backend.check(key, &rules, 1).await.unwrap().allowed());

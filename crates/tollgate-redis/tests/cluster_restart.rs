@@ -1,18 +1,27 @@
 //! A cluster master restarted empty (issue 18): the denials cached from it are dropped when
 //! the cluster client sees its connection close, though no call failed; the key is then
-//! decided by the new, empty master.
+//! decided by the new, empty master. On both engines (`name::on_lua`, `name::on_module`).
+
+mod engines;
 
 use std::time::{Duration, Instant};
 
 use tollgate_core::{Backend, Period, Rule, RuleSet};
-use tollgate_redis::RedisBackend;
-use tollgate_testkit::{RedisCluster, key_slot};
+use tollgate_redis::{Engine, RedisBackend};
+use tollgate_testkit::key_slot;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_master_restarted_empty_drops_its_cached_denials() {
-    let mut cluster = RedisCluster::start();
+use engines::{cluster, on_both_engines};
+
+on_both_engines!(
+    a_master_restarted_empty_drops_its_cached_denials,
+    flavor = "multi_thread",
+    worker_threads = 2
+);
+async fn a_master_restarted_empty_drops_its_cached_denials(engine: Engine) {
+    let mut cluster = cluster(engine);
     // The deny cache is on by default.
-    let backend = RedisBackend::builder(cluster.url()).timeout(Duration::from_secs(2)).build().unwrap();
+    let backend =
+        RedisBackend::builder(cluster.url()).engine(engine).timeout(Duration::from_secs(2)).build().unwrap();
     let rules = RuleSet::new([Rule::fixed_window(2, Period::HOUR)]).unwrap();
     for _ in 0..2 {
         assert!(backend.check("spent", &rules, 1).await.unwrap().allowed());

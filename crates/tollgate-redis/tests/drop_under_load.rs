@@ -5,7 +5,10 @@
 //! the calls one fault failed together as one failure, so it stays closed. Before, the blip
 //! opened the breaker and gave a whole probe interval of degraded answers (113 in the
 //! server's drop test). Counts stay exact: Redis counted every call it admitted, plus at most
-//! the failed ones, and never more than a limit.
+//! the failed ones, and never more than a limit. On both engines (`name::on_lua`,
+//! `name::on_module`).
+
+mod engines;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,8 +16,10 @@ use std::time::Duration;
 
 use tollgate_core::{Backend, Period, Rule, RuleSet};
 use tollgate_limiter::{BreakerState, FailurePolicy, Limiter, LimiterSettings, Policy};
-use tollgate_redis::RedisBackend;
-use tollgate_testkit::{FaultProxy, RedisServer};
+use tollgate_redis::{Engine, RedisBackend};
+use tollgate_testkit::FaultProxy;
+
+use engines::{on_both_engines, one_variant_at_a_time, server};
 
 /// Callers; each has at most one call in flight.
 const TASKS: u64 = 8;
@@ -34,11 +39,18 @@ struct Tally {
     answers: AtomicU64,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_dropped_connection_under_load_degrades_at_most_the_calls_in_flight() {
-    let redis = RedisServer::start();
+on_both_engines!(
+    one_dropped_connection_under_load_degrades_at_most_the_calls_in_flight,
+    flavor = "multi_thread",
+    worker_threads = 4
+);
+async fn one_dropped_connection_under_load_degrades_at_most_the_calls_in_flight(engine: Engine) {
+    // At most the calls in flight fail: a bound for this load alone.
+    let _alone = one_variant_at_a_time().await;
+    let redis = server(engine);
     let proxy = FaultProxy::start(redis.port());
     let backend = RedisBackend::builder(proxy.url())
+        .engine(engine)
         // As the server's drop test: no healthy call on a loaded machine takes as long.
         .timeout(Duration::from_millis(500))
         // Every answer from Redis, none from the deny cache.
@@ -112,7 +124,7 @@ async fn one_dropped_connection_under_load_degrades_at_most_the_calls_in_flight(
 
     // Exact: Redis counted what it admitted, plus at most the failed calls (whose scripts may
     // have run), nothing twice; the spent key admitted nothing more.
-    let direct = RedisBackend::builder(redis.url()).build().unwrap();
+    let direct = RedisBackend::builder(redis.url()).engine(engine).build().unwrap();
     let consumed = WIDE - direct.check("counted", &counted.rules, 0).await.unwrap().remaining();
     assert!(
         (admitted..=admitted + degraded).contains(&consumed),

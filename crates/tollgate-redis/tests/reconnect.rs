@@ -1,24 +1,33 @@
 //! Lost connections and restarts of a single Redis (issue 18): a denial cached from a Redis
 //! that then restarted empty is dropped though no call failed; a connection dropped while idle
 //! costs no call; and the first call after Redis comes back does not fail on the refusal it
-//! met while Redis was down.
+//! met while Redis was down. On both engines (`name::on_lua`, `name::on_module`).
+
+mod engines;
 
 use std::time::{Duration, Instant};
 
 use tollgate_core::{Backend, Error, Period, Rule, RuleSet};
-use tollgate_redis::RedisBackend;
-use tollgate_testkit::{FaultProxy, RedisServer};
+use tollgate_redis::{Engine, RedisBackend};
+use tollgate_testkit::FaultProxy;
+
+use engines::{on_both_engines, server};
 
 fn one_per_hour() -> RuleSet {
     RuleSet::new([Rule::fixed_window(2, Period::HOUR)]).unwrap()
 }
 
+on_both_engines!(
+    a_quick_restart_drops_cached_denials_though_no_call_failed,
+    flavor = "multi_thread",
+    worker_threads = 2
+);
 /// Cached denials must stand for an hour unless the backend notices Redis went away.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quick_restart_drops_cached_denials_though_no_call_failed() {
-    let mut redis = RedisServer::start();
+async fn a_quick_restart_drops_cached_denials_though_no_call_failed(engine: Engine) {
+    let mut redis = server(engine);
     // The deny cache is on by default; one connection, no coalescing: nothing else to reach.
-    let backend = RedisBackend::builder(redis.url()).connections(1).coalesce(1).build().unwrap();
+    let backend =
+        RedisBackend::builder(redis.url()).engine(engine).connections(1).coalesce(1).build().unwrap();
     let rules = one_per_hour();
     assert!(backend.check("spent", &rules, 1).await.unwrap().allowed());
     assert!(backend.check("spent", &rules, 1).await.unwrap().allowed());
@@ -55,10 +64,15 @@ async fn a_quick_restart_drops_cached_denials_though_no_call_failed() {
     assert_eq!(backend.check("spent", &rules, 0).await.unwrap().remaining(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_first_call_after_redis_returns_does_not_fail_on_an_old_refusal() {
-    let mut redis = RedisServer::start();
+on_both_engines!(
+    the_first_call_after_redis_returns_does_not_fail_on_an_old_refusal,
+    flavor = "multi_thread",
+    worker_threads = 2
+);
+async fn the_first_call_after_redis_returns_does_not_fail_on_an_old_refusal(engine: Engine) {
+    let mut redis = server(engine);
     let backend = RedisBackend::builder(redis.url())
+        .engine(engine)
         .connections(1)
         .coalesce(1)
         .deny_cache(false)
@@ -87,11 +101,11 @@ async fn the_first_call_after_redis_returns_does_not_fail_on_an_old_refusal() {
     drop(redis);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_dropped_while_idle_costs_no_call() {
-    let redis = RedisServer::start();
+on_both_engines!(a_connection_dropped_while_idle_costs_no_call, flavor = "multi_thread", worker_threads = 2);
+async fn a_connection_dropped_while_idle_costs_no_call(engine: Engine) {
+    let redis = server(engine);
     let proxy = FaultProxy::start(redis.port());
-    let backend = RedisBackend::builder(proxy.url()).deny_cache(false).build().unwrap();
+    let backend = RedisBackend::builder(proxy.url()).engine(engine).deny_cache(false).build().unwrap();
     let rules = RuleSet::new([Rule::fixed_window(1_000, Period::HOUR)]).unwrap();
     // Both connections open (calls alternate between them).
     for _ in 0..4 {

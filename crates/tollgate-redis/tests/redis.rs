@@ -1,18 +1,24 @@
 //! The Redis backend against private redis-servers: exactness under concurrency, a TTL on every
 //! key and nothing left behind, transparent script reloads, and fast errors from a dead or hung
-//! Redis.
+//! Redis. Each test but the script reload runs on both engines (`name::on_lua`,
+//! `name::on_module`).
+
+mod engines;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tollgate_core::{Backend, Error, Period, Rule, RuleSet};
-use tollgate_redis::RedisBackend;
+use tollgate_redis::{Engine, RedisBackend};
 use tollgate_testkit::RedisServer;
 use tollgate_testkit::conformance::one_of_each;
 
-fn backend(server: &RedisServer, connections: usize) -> RedisBackend {
+use engines::{command_calls, engine_calls, on_both_engines, server};
+
+fn backend(server: &RedisServer, engine: Engine, connections: usize) -> RedisBackend {
     RedisBackend::builder(server.url())
+        .engine(engine)
         .connections(connections)
         .timeout(Duration::from_secs(10))
         .build()
@@ -50,10 +56,14 @@ async fn race(backend: &Arc<RedisBackend>, key: &str, rules: &RuleSet, total: us
     admitted
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn exactly_the_limit_is_admitted_under_concurrency() {
-    let server = RedisServer::start();
-    let backend = Arc::new(backend(&server, 4));
+on_both_engines!(
+    exactly_the_limit_is_admitted_under_concurrency,
+    flavor = "multi_thread",
+    worker_threads = 4
+);
+async fn exactly_the_limit_is_admitted_under_concurrency(engine: Engine) {
+    let server = server(engine);
+    let backend = Arc::new(backend(&server, engine, 4));
     // 1,000 per (about) a year: nothing refills or rolls over during the test.
     for rule in one_of_each(1000, p("1y")) {
         let rules = RuleSet::new([rule.clone()]).unwrap();
@@ -76,30 +86,41 @@ async fn exactly_the_limit_is_admitted_under_concurrency() {
     assert_eq!(remaining, [1000, 0, 500, 2000]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn exactly_the_limit_is_admitted_at_one_frozen_instant() {
+on_both_engines!(
+    exactly_the_limit_is_admitted_at_one_frozen_instant,
+    flavor = "multi_thread",
+    worker_threads = 4
+);
+async fn exactly_the_limit_is_admitted_at_one_frozen_instant(engine: Engine) {
     // Every request at the same microsecond: the log's per-instant ordinals must not collide.
-    let server = RedisServer::start();
+    let server = server(engine);
     let clock = tollgate_core::ManualClock::at_wall_clock_second();
     let backend = Arc::new(
         RedisBackend::builder(server.url())
+            .engine(engine)
             .connections(4)
             .timeout(Duration::from_secs(10))
             .clock(clock)
             .build()
             .unwrap(),
     );
-    for rule in [Rule::sliding_window_log(1000, Period::SECOND), Rule::concurrency(1000, Period::SECOND)] {
+    // Minute-long states: the keys' TTLs run on Redis's clock while the test's stands still, and
+    // a second-long state's key could expire before the race ends on a loaded machine.
+    for rule in [Rule::sliding_window_log(1000, Period::MINUTE), Rule::concurrency(1000, Period::MINUTE)] {
         let rules = RuleSet::new([rule.clone()]).unwrap();
         let admitted = race(&backend, &format!("frozen:{}", rule.algorithm()), &rules, 5000).await;
         assert_eq!(admitted, 1000, "{rule:?}");
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_key_has_a_ttl_and_none_outlives_its_state() {
-    let server = RedisServer::start();
-    let backend = Arc::new(backend(&server, 2));
+on_both_engines!(
+    every_key_has_a_ttl_and_none_outlives_its_state,
+    flavor = "multi_thread",
+    worker_threads = 2
+);
+async fn every_key_has_a_ttl_and_none_outlives_its_state(engine: Engine) {
+    let server = server(engine);
+    let backend = Arc::new(backend(&server, engine, 2));
     let ms = |n| Period::from_millis(n).unwrap();
     let sets: Vec<RuleSet> = [
         vec![Rule::fixed_window(3, ms(200)), Rule::gcra(10, ms(300), 2)],
@@ -159,21 +180,22 @@ async fn every_key_has_a_ttl_and_none_outlives_its_state() {
     assert_eq!(server.keys(), Vec::<String>::new(), "keys left behind");
 }
 
+/// The Lua's own: its scripts reloaded.
 #[tokio::test]
 async fn script_flush_is_invisible() {
     let server = RedisServer::start();
-    let backend = backend(&server, 1);
+    let backend = backend(&server, Engine::Lua, 1);
     let rules = RuleSet::new([Rule::fixed_window(5, Period::HOUR)]).unwrap();
     assert_eq!(backend.check("k", &rules, 1).await.unwrap().remaining(), 4);
     let _: () = server.command(&["SCRIPT", "FLUSH"]);
     assert_eq!(backend.check("k", &rules, 1).await.unwrap().remaining(), 3);
 }
 
-#[tokio::test]
-async fn a_stopped_redis_errors_within_the_timeout() {
-    let mut server = RedisServer::start();
+on_both_engines!(a_stopped_redis_errors_within_the_timeout);
+async fn a_stopped_redis_errors_within_the_timeout(engine: Engine) {
+    let mut server = server(engine);
     let timeout = Duration::from_millis(300);
-    let backend = RedisBackend::builder(server.url()).timeout(timeout).build().unwrap();
+    let backend = RedisBackend::builder(server.url()).engine(engine).timeout(timeout).build().unwrap();
     let rules = RuleSet::new([Rule::gcra(10, Period::SECOND, 10)]).unwrap();
     assert!(backend.check("k", &rules, 1).await.unwrap().allowed());
     server.kill();
@@ -187,11 +209,11 @@ async fn a_stopped_redis_errors_within_the_timeout() {
     }
 }
 
-#[tokio::test]
-async fn a_hung_redis_times_out_and_recovers() {
-    let server = RedisServer::start();
+on_both_engines!(a_hung_redis_times_out_and_recovers);
+async fn a_hung_redis_times_out_and_recovers(engine: Engine) {
+    let server = server(engine);
     let timeout = Duration::from_millis(300);
-    let backend = RedisBackend::builder(server.url()).timeout(timeout).build().unwrap();
+    let backend = RedisBackend::builder(server.url()).engine(engine).timeout(timeout).build().unwrap();
     let rules = RuleSet::new([Rule::fixed_window(10, Period::HOUR)]).unwrap();
     assert!(backend.check("k", &rules, 1).await.unwrap().allowed());
     server.pause();
@@ -214,10 +236,10 @@ async fn a_hung_redis_times_out_and_recovers() {
     assert!(d.allowed() && d.remaining() <= 8);
 }
 
-#[tokio::test]
-async fn keys_are_prefixed_tagged_and_named_by_rule() {
-    let server = RedisServer::start();
-    let backend = RedisBackend::builder(server.url()).prefix("app").build().unwrap();
+on_both_engines!(keys_are_prefixed_tagged_and_named_by_rule);
+async fn keys_are_prefixed_tagged_and_named_by_rule(engine: Engine) {
+    let server = server(engine);
+    let backend = RedisBackend::builder(server.url()).engine(engine).prefix("app").build().unwrap();
     let rules =
         RuleSet::new([Rule::fixed_window(5, Period::SECOND), Rule::sliding_window_log(1, Period::SECOND)])
             .unwrap();
@@ -240,10 +262,10 @@ async fn keys_are_prefixed_tagged_and_named_by_rule() {
     assert!(server.keys().is_empty());
 }
 
-#[tokio::test]
-async fn hash_stored_rules_of_a_set_share_one_hash() {
-    let server = RedisServer::start();
-    let backend = RedisBackend::builder(server.url()).build().unwrap();
+on_both_engines!(hash_stored_rules_of_a_set_share_one_hash);
+async fn hash_stored_rules_of_a_set_share_one_hash(engine: Engine) {
+    let server = server(engine);
+    let backend = RedisBackend::builder(server.url()).engine(engine).build().unwrap();
     // The per-consumer shape: six clock-aligned windows.
     let periods =
         [Period::SECOND, Period::MINUTE, Period::HOUR, Period::DAY, Period::WEEK, Period::MONTH_30_DAYS];
@@ -277,29 +299,45 @@ async fn hash_stored_rules_of_a_set_share_one_hash() {
     assert!(server.keys().is_empty(), "an emptied hash is gone");
 }
 
-/// Calls of the engine made so far (`FCALL`, `EVALSHA` and `EVAL` in `INFO commandstats`).
-fn script_calls(server: &RedisServer) -> u64 {
-    let info: String = server.command(&["INFO", "commandstats"]);
-    info.lines()
-        .filter(|l| ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"].iter().any(|c| l.starts_with(c)))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
-        .sum()
+/// TTLs written on `replica` so far: the expire commands its master sent it. Both engines'
+/// writes reach a replica as commands (a script's effects, the module's replicated calls), while
+/// the module's own writes through Redis's key API are not counted in the master's
+/// `INFO commandstats`.
+fn ttl_writes(replica: &RedisServer) -> u64 {
+    ["pexpireat", "pexpire", "expireat", "expire"].iter().map(|c| command_calls(replica, c)).sum()
 }
 
-/// Calls of one Redis command so far (`INFO commandstats`; scripts' calls count too).
-fn command_calls(server: &RedisServer, command: &str) -> u64 {
-    let info: String = server.command(&["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{command}:");
-    info.lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
-        .sum()
+/// A field of `INFO replication`.
+fn replication(server: &RedisServer, field: &str) -> Option<String> {
+    let info = server.try_text(&["INFO", "replication"])?;
+    info.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')).map(str::to_owned)
 }
 
-#[tokio::test]
-async fn a_ttl_is_only_written_when_it_must_grow() {
-    let server = RedisServer::start();
-    let backend = backend(&server, 1);
+/// Waits until `replica` has applied everything `master` has sent so far.
+fn caught_up(master: &RedisServer, replica: &RedisServer) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let sent = replication(master, "master_repl_offset");
+        if sent.is_some() && replication(replica, "master_repl_offset") == sent {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the replica did not catch up");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+on_both_engines!(a_ttl_is_only_written_when_it_must_grow);
+async fn a_ttl_is_only_written_when_it_must_grow(engine: Engine) {
+    let server = server(engine);
+    // The TTLs written are counted on a replica (a plain one: the module replicates plain
+    // commands, and a replica needs no module).
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &server.port().to_string()]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replication(&replica, "master_link_status").as_deref() != Some("up") {
+        assert!(Instant::now() < deadline, "the replica did not sync");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let backend = backend(&server, engine, 1);
     // Six clock-aligned windows: within one second none of their ends moves, so after the first
     // check the key's TTL already covers every state and no check writes it again.
     let periods =
@@ -309,14 +347,20 @@ async fn a_ttl_is_only_written_when_it_must_grow() {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
     tokio::time::sleep(Duration::from_nanos(1_000_000_000 - u64::from(now.subsec_nanos()))).await;
     assert!(backend.check("ttl", &six, 1).await.unwrap().allowed());
-    let first = command_calls(&server, "pexpire");
-    // a new key: one PEXPIRE per rule at most (each longer window lengthens the TTL once)
-    assert!((1..=6).contains(&first), "the new key got its TTL ({first} PEXPIRE)");
+    caught_up(&server, &replica);
+    let first = ttl_writes(&replica);
+    // a new key: one TTL write per rule at most (each longer window lengthens the TTL once)
+    assert!((1..=6).contains(&first), "the new key got its TTL ({first} writes)");
     for _ in 0..10 {
         assert!(backend.check("ttl", &six, 1).await.unwrap().allowed());
     }
-    assert_eq!(command_calls(&server, "pexpire"), first, "no TTL rewritten within the second");
-    assert_eq!(command_calls(&server, "hmget"), 11 * 6);
+    caught_up(&server, &replica);
+    assert_eq!(ttl_writes(&replica), first, "no TTL rewritten within the second");
+    // Every check was the engine's: a module call each, or the Lua's six reads.
+    match engine {
+        Engine::Module => assert_eq!(command_calls(&server, "tollgate.decide"), 11),
+        _ => assert_eq!(command_calls(&server, "hmget"), 11 * 6),
+    }
 
     // GCRA's state moves forward with every admission, so its key's TTL grows with it and
     // always covers the state: a burst of 5 at 1 per 100 ms is full again 500 ms later.
@@ -328,13 +372,18 @@ async fn a_ttl_is_only_written_when_it_must_grow() {
     assert!(ttl > 400, "the TTL covers the state: {ttl} ms");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_operations_are_coalesced_and_stay_exact() {
-    let server = RedisServer::start();
+on_both_engines!(
+    concurrent_operations_are_coalesced_and_stay_exact,
+    flavor = "multi_thread",
+    worker_threads = 4
+);
+async fn concurrent_operations_are_coalesced_and_stay_exact(engine: Engine) {
+    let server = server(engine);
     let rules = RuleSet::new([Rule::fixed_window(1000, p("1y")), Rule::gcra(3000, p("1y"), 1500)]).unwrap();
     for (coalesce, name) in [(32, "coalesced"), (1, "alone")] {
         let backend = Arc::new(
             RedisBackend::builder(server.url())
+                .engine(engine)
                 .connections(1)
                 .coalesce(coalesce)
                 .deny_cache(false) // every operation reaches Redis: count the calls
@@ -342,9 +391,9 @@ async fn concurrent_operations_are_coalesced_and_stay_exact() {
                 .build()
                 .unwrap(),
         );
-        let before = script_calls(&server);
+        let before = engine_calls(&server);
         assert_eq!(race(&backend, name, &rules, 3000).await, 1000, "{name}");
-        let calls = script_calls(&server) - before;
+        let calls = engine_calls(&server) - before;
         if coalesce == 1 {
             assert_eq!(calls, 3000, "one call per operation");
         } else {
@@ -357,16 +406,17 @@ async fn concurrent_operations_are_coalesced_and_stay_exact() {
     }
 }
 
-#[tokio::test]
-async fn denials_are_answered_locally_until_they_expire() {
-    let server = RedisServer::start();
-    let backend = RedisBackend::builder(server.url()).timeout(Duration::from_secs(5)).build().unwrap();
+on_both_engines!(denials_are_answered_locally_until_they_expire);
+async fn denials_are_answered_locally_until_they_expire(engine: Engine) {
+    let server = server(engine);
+    let backend =
+        RedisBackend::builder(server.url()).engine(engine).timeout(Duration::from_secs(5)).build().unwrap();
     // One a second from the first hit: the denial's wait is under a second, counted from the hit.
     let rules = RuleSet::new([Rule::fixed_window_from_first_hit(1, Period::SECOND)]).unwrap();
     assert!(backend.check("flood", &rules, 1).await.unwrap().allowed());
     let first = backend.check("flood", &rules, 1).await.unwrap();
     assert!(!first.allowed());
-    let calls = script_calls(&server);
+    let calls = engine_calls(&server);
     let mut last_wait = first.retry_after();
     for _ in 0..50 {
         let d = backend.check("flood", &rules, 1).await.unwrap();
@@ -374,14 +424,14 @@ async fn denials_are_answered_locally_until_they_expire() {
         assert!(d.retry_after() <= last_wait, "the wait counts down");
         last_wait = d.retry_after();
     }
-    assert_eq!(script_calls(&server), calls, "denials answered without Redis");
+    assert_eq!(engine_calls(&server), calls, "denials answered without Redis");
     // A peek asks for one unit, as the cached denial: also answered here. Another key, or
     // another rule set, goes to Redis.
     assert!(!backend.check("flood", &rules, 0).await.unwrap().allowed());
-    assert_eq!(script_calls(&server), calls);
+    assert_eq!(engine_calls(&server), calls);
     let other = RuleSet::new([Rule::fixed_window_from_first_hit(2, Period::SECOND)]).unwrap();
     assert!(backend.check("flood", &other, 1).await.unwrap().allowed());
-    assert_eq!(script_calls(&server), calls + 1);
+    assert_eq!(engine_calls(&server), calls + 1);
 
     // Once the wait has passed, Redis decides again and admits.
     tokio::time::sleep(last_wait + Duration::from_millis(50)).await;
@@ -395,24 +445,28 @@ async fn denials_are_answered_locally_until_they_expire() {
     // Leases are never cached: a release elsewhere may free a unit at any moment.
     let leases = RuleSet::new([Rule::concurrency(1, Period::MINUTE)]).unwrap();
     let held = backend.acquire("lease", &leases, 1).await.unwrap().lease.unwrap();
-    let before = script_calls(&server);
+    let before = engine_calls(&server);
     assert!(!backend.acquire("lease", &leases, 1).await.unwrap().decision.allowed());
     backend.release("lease", &leases, &held).await.unwrap();
     assert!(backend.acquire("lease", &leases, 1).await.unwrap().decision.allowed());
-    assert_eq!(script_calls(&server), before + 3);
+    assert_eq!(engine_calls(&server), before + 3);
 }
 
-#[tokio::test]
-async fn a_denial_cached_before_redis_restarted_empty_is_not_kept() {
-    let mut server = RedisServer::start();
-    let backend =
-        RedisBackend::builder(server.url()).connections(1).timeout(Duration::from_secs(5)).build().unwrap();
+on_both_engines!(a_denial_cached_before_redis_restarted_empty_is_not_kept);
+async fn a_denial_cached_before_redis_restarted_empty_is_not_kept(engine: Engine) {
+    let mut server = server(engine);
+    let backend = RedisBackend::builder(server.url())
+        .engine(engine)
+        .connections(1)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
     let rules = RuleSet::new([Rule::fixed_window(1, Period::HOUR)]).unwrap();
     assert!(backend.check("spent", &rules, 1).await.unwrap().allowed());
     assert!(!backend.check("spent", &rules, 1).await.unwrap().allowed());
-    let calls = script_calls(&server);
+    let calls = engine_calls(&server);
     assert!(!backend.check("spent", &rules, 1).await.unwrap().allowed());
-    assert_eq!(script_calls(&server), calls, "the denial is cached: an hour without asking Redis");
+    assert_eq!(engine_calls(&server), calls, "the denial is cached: an hour without asking Redis");
 
     server.restart();
     // The first call on the old connection finds it lost; the next reaches the new Redis.

@@ -1,20 +1,33 @@
 //! The Redis backend behind Redis Sentinel of the tests' own (a master, a replica, three
 //! sentinels): exact decisions through the sentinels' master, and the master followed through a
-//! fail-over under load.
+//! fail-over under load. On both engines (`name::on_lua`, `name::on_module`: the master and
+//! the replica promoted both loaded the module).
+
+mod engines;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tollgate_core::{Backend, Period, Rule, RuleSet};
-use tollgate_redis::RedisBackend;
-use tollgate_testkit::RedisSentinel;
+use tollgate_redis::{Engine, RedisBackend};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_master_is_found_and_followed_through_a_fail_over() {
-    let mut setup = RedisSentinel::start();
-    let backend =
-        Arc::new(RedisBackend::builder(setup.url()).timeout(Duration::from_millis(500)).build().unwrap());
+use engines::{on_both_engines, sentinel};
+
+on_both_engines!(
+    the_master_is_found_and_followed_through_a_fail_over,
+    flavor = "multi_thread",
+    worker_threads = 4
+);
+async fn the_master_is_found_and_followed_through_a_fail_over(engine: Engine) {
+    let mut setup = sentinel(engine);
+    let backend = Arc::new(
+        RedisBackend::builder(setup.url())
+            .engine(engine)
+            .timeout(Duration::from_millis(500))
+            .build()
+            .unwrap(),
+    );
     let rules = RuleSet::new([Rule::fixed_window(1_000_000, Period::HOUR)]).unwrap();
     let exact = RuleSet::new([Rule::fixed_window(10, Period::HOUR)]).unwrap();
 

@@ -1,7 +1,10 @@
 //! Issue 18: what one operation stores in Redis. Sliding logs keep one member per distinct time
 //! and concurrency one per lease, never one per unit, so a check of cost 10,000 writes O(1)
 //! members; logs and lease sets larger than the walks' batches decide exactly as the memory
-//! backend does; and state stored in the old, per-unit format is never read.
+//! backend does; and state stored in the old, per-unit format is never read. On both engines
+//! (`name::on_lua`, `name::on_module`): they keep the same state.
+
+mod engines;
 
 use std::time::Duration;
 
@@ -9,8 +12,10 @@ use tollgate_core::{
     Backend, Clock, Decision, Error, Lease, LeaseId, ManualClock, MemoryBackend, Operation, Period, Rule,
     RuleSet,
 };
-use tollgate_redis::RedisBackend;
+use tollgate_redis::{Engine, RedisBackend};
 use tollgate_testkit::RedisServer;
+
+use engines::{on_both_engines, server};
 
 fn used_memory(server: &RedisServer) -> i64 {
     let info: String = server.command(&["INFO", "memory"]);
@@ -28,8 +33,9 @@ fn zcard(server: &RedisServer, key: &str) -> i64 {
     server.command(&["ZCARD", key])
 }
 
-fn backend(server: &RedisServer, clock: &ManualClock) -> RedisBackend {
+fn backend(server: &RedisServer, engine: Engine, clock: &ManualClock) -> RedisBackend {
     RedisBackend::builder(server.url())
+        .engine(engine)
         .clock(clock.clone())
         .deny_cache(false)
         .timeout(Duration::from_secs(10))
@@ -37,11 +43,11 @@ fn backend(server: &RedisServer, clock: &ManualClock) -> RedisBackend {
         .unwrap()
 }
 
-#[tokio::test]
-async fn a_log_check_of_cost_10000_writes_one_entry() {
-    let server = RedisServer::start();
+on_both_engines!(a_log_check_of_cost_10000_writes_one_entry);
+async fn a_log_check_of_cost_10000_writes_one_entry(engine: Engine) {
+    let server = server(engine);
     let clock = ManualClock::at_wall_clock_second();
-    let redis = backend(&server, &clock);
+    let redis = backend(&server, engine, &clock);
     let year = Period::from_secs(365 * 86_400).unwrap();
     // The attack of issue 18: 16 logs of limit 10,000 over periods near a year, cost 10,000.
     let rules = RuleSet::new(
@@ -84,11 +90,11 @@ async fn a_log_check_of_cost_10000_writes_one_entry() {
     assert_eq!(zcard(&server, &redis.state_keys("one", &single)[0]), 101);
 }
 
-#[tokio::test]
-async fn an_acquire_of_10000_units_writes_one_lease() {
-    let server = RedisServer::start();
+on_both_engines!(an_acquire_of_10000_units_writes_one_lease);
+async fn an_acquire_of_10000_units_writes_one_lease(engine: Engine) {
+    let server = server(engine);
     let clock = ManualClock::at_wall_clock_second();
-    let redis = backend(&server, &clock);
+    let redis = backend(&server, engine, &clock);
     let rules = RuleSet::new([Rule::concurrency(10_000, Period::from_secs(3600).unwrap())]).unwrap();
     redis.acquire("warm-up", &rules, 1).await.unwrap();
     let before = used_memory(&server);
@@ -122,11 +128,11 @@ async fn both(
     m
 }
 
-#[tokio::test]
-async fn long_logs_expire_refund_and_deny_as_in_memory() {
-    let server = RedisServer::start();
+on_both_engines!(long_logs_expire_refund_and_deny_as_in_memory);
+async fn long_logs_expire_refund_and_deny_as_in_memory(engine: Engine) {
+    let server = server(engine);
     let clock = ManualClock::at_wall_clock_second();
-    let redis = backend(&server, &clock);
+    let redis = backend(&server, engine, &clock);
     let memory = MemoryBackend::with_clock(clock.clone());
     let rules = RuleSet::new([Rule::sliding_window_log(1_000, Period::SECOND)]).unwrap();
     let check = |cost| Operation::Check { cost };
@@ -159,11 +165,11 @@ async fn long_logs_expire_refund_and_deny_as_in_memory() {
     assert!(server.keys().is_empty(), "{:?}", server.keys());
 }
 
-#[tokio::test]
-async fn many_leases_release_and_deny_as_in_memory() {
-    let server = RedisServer::start();
+on_both_engines!(many_leases_release_and_deny_as_in_memory);
+async fn many_leases_release_and_deny_as_in_memory(engine: Engine) {
+    let server = server(engine);
     let clock = ManualClock::at_wall_clock_second();
-    let redis = backend(&server, &clock);
+    let redis = backend(&server, engine, &clock);
     let memory = MemoryBackend::with_clock(clock.clone());
     let rules = RuleSet::new([Rule::concurrency(500, Period::SECOND)]).unwrap();
     let mut leases = Vec::new();
@@ -202,14 +208,14 @@ async fn many_leases_release_and_deny_as_in_memory() {
     assert!(server.keys().is_empty(), "{:?}", server.keys());
 }
 
+on_both_engines!(old_per_unit_state_is_never_read);
 /// Logs and leases stored by a Tollgate before issue 18 (one member per unit) under the
 /// version-1 names are never read: the new state has its own key, and the old key is left to
 /// its TTL.
-#[tokio::test]
-async fn old_per_unit_state_is_never_read() {
-    let server = RedisServer::start();
+async fn old_per_unit_state_is_never_read(engine: Engine) {
+    let server = server(engine);
     let clock = ManualClock::at_wall_clock_second();
-    let redis = backend(&server, &clock);
+    let redis = backend(&server, engine, &clock);
     let log = RuleSet::new([Rule::sliding_window_log(5, Period::MINUTE)]).unwrap();
     let lease = RuleSet::new([Rule::concurrency(5, Period::MINUTE)]).unwrap();
     let now = (clock.now().as_micros()).to_string();
@@ -236,13 +242,13 @@ async fn old_per_unit_state_is_never_read() {
     assert!(ttl > 0 && ttl <= 61_000);
 }
 
+on_both_engines!(running_totals_are_rebased_before_they_lose_precision);
 /// A log whose running totals have grown past 2^50 (years of traffic without ever emptying) is
 /// rebased to 0 on its next call, and counts on exactly.
-#[tokio::test]
-async fn running_totals_are_rebased_before_they_lose_precision() {
-    let server = RedisServer::start();
+async fn running_totals_are_rebased_before_they_lose_precision(engine: Engine) {
+    let server = server(engine);
     let clock = ManualClock::at_wall_clock_second();
-    let redis = backend(&server, &clock);
+    let redis = backend(&server, engine, &clock);
     let rules = RuleSet::new([Rule::sliding_window_log(1_000, Period::SECOND)]).unwrap();
     let key = &redis.state_keys("old", &rules)[0];
     let now = clock.now().as_micros();

@@ -5,8 +5,9 @@
 //!   how to install it; it is never skipped.
 //! - [`RedisCluster`]: a private Redis Cluster (3 masters, 3 replicas) of six such servers.
 //! - [`RedisSentinel`]: a private master, replica and three sentinels.
-//! - [`redis_module`]: the Tollgate Redis module, built if need be, for
-//!   [`RedisServer::with_module`].
+//! - [`redis_module`]: the Tollgate Redis module, fresh from its sources (built if need be),
+//!   for [`RedisServer::with_module`]; [`module_args`] load it into a cluster's or a
+//!   sentinel set-up's servers (`RedisCluster::start_with`, `RedisSentinel::start_with`).
 //! - [`FaultProxy`]: a TCP proxy to put between Tollgate and Redis, adding latency, dropping
 //!   or refusing connections, or forwarding nothing, at the test's command.
 //! - [`PostgresServer`]: a private PostgreSQL cluster (initdb in a temporary directory) on a
@@ -35,7 +36,7 @@ pub use fault_proxy::{Direction, FaultProxy};
 pub use map_store::{MapStore, Value};
 pub use postgres_server::PostgresServer;
 pub use redis_cluster::{RedisCluster, key_slot};
-pub use redis_module::redis_module;
+pub use redis_module::{module_args, redis_module};
 pub use redis_sentinel::RedisSentinel;
 pub use redis_server::{OnServer, RedisServer, free_port};
 pub use redis_store::RedisStore;

@@ -14,6 +14,8 @@ pub struct RedisCluster {
     nodes: Vec<RedisServer>,
     /// Each node's cluster bus port (given explicitly, so not port + 10000).
     bus_ports: Vec<u16>,
+    /// The extra arguments every node starts with, a master added later too.
+    extra: Vec<String>,
 }
 
 /// The hash slot of a Redis key, as `CLUSTER KEYSLOT` computes it: CRC16 (XMODEM) of the key's
@@ -93,7 +95,8 @@ impl RedisCluster {
             String::from_utf8_lossy(&created.stdout),
             String::from_utf8_lossy(&created.stderr)
         );
-        let cluster = RedisCluster { nodes, bus_ports };
+        let extra = extra.iter().map(|a| (*a).to_owned()).collect();
+        let cluster = RedisCluster { nodes, bus_ports, extra };
         cluster.wait_ok(Duration::from_secs(30));
         cluster
     }
@@ -171,13 +174,15 @@ impl RedisCluster {
         self.nodes[i].command(&["CLUSTER", "MYID"])
     }
 
-    /// Starts a seventh (eighth, ...) node, joins it to the cluster as a master that serves no
-    /// slot yet, and waits until every node knows it. Answers its index.
+    /// Starts a seventh (eighth, ...) node, with the arguments the others got, joins it to the
+    /// cluster as a master that serves no slot yet, and waits until every node knows it.
+    /// Answers its index.
     ///
     /// # Panics
     /// If the cluster does not agree on the new node within 30 s.
     pub fn add_master(&mut self) -> usize {
-        let (node, bus) = start_node(&[]);
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        let (node, bus) = start_node(&extra);
         let (seed_port, seed_bus) = (self.nodes[0].port().to_string(), self.bus_ports[0].to_string());
         let met: String = node.command(&["CLUSTER", "MEET", "127.0.0.1", &seed_port, &seed_bus]);
         assert_eq!(met, "OK");

@@ -25,8 +25,20 @@ impl RedisSentinel {
     /// # Panics
     /// If a process does not start, or the set-up is not ready within 30 s.
     pub fn start() -> RedisSentinel {
-        let master = RedisServer::start();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+        RedisSentinel::start_with(&[])
+    }
+
+    /// [`start`](RedisSentinel::start), the master and the replica with `extra` arguments
+    /// (`--loadmodule ...`).
+    ///
+    /// # Panics
+    /// As `start`.
+    pub fn start_with(extra: &[&str]) -> RedisSentinel {
+        let master = RedisServer::start_with(extra);
+        let port = master.port().to_string();
+        let mut replica_args = vec!["--replicaof", "127.0.0.1", &port];
+        replica_args.extend_from_slice(extra);
+        let replica = RedisServer::start_with(&replica_args);
         let deadline = Instant::now() + Duration::from_secs(30);
         wait(deadline, "the replica to sync", || {
             replica.try_text(&["INFO", "replication"]).is_some_and(|i| i.contains("master_link_status:up"))
