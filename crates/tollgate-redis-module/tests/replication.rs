@@ -29,13 +29,7 @@ fn master_and_replica(master_args: &[&str]) -> (RedisServer, RedisServer) {
 fn replica_calls(conn: &mut redis::Connection, replica: &RedisServer, command: &str) -> u64 {
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(conn).unwrap();
     assert_eq!(acked, 1, "the replica acknowledged the writes");
-    let stats = replica.try_text(&["INFO", "commandstats"]).unwrap_or_default();
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    replica.calls(command)
 }
 
 fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {

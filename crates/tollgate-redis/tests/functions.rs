@@ -31,16 +31,6 @@ fn libraries(server: &RedisServer) -> Vec<String> {
     names
 }
 
-/// Calls of `command` so far (`INFO commandstats`).
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    let info: String = server.command(&["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{command}:");
-    info.lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 fn ten_per_hour() -> RuleSet {
     RuleSet::new([Rule::fixed_window(10, Period::HOUR)]).unwrap()
 }
@@ -60,8 +50,8 @@ async fn checks_call_the_library_and_it_is_loaded_again_after_a_function_flush()
     }
     assert_eq!(backend.check("g", &gcra, 2).await.unwrap().remaining(), 3);
     assert_eq!(libraries(&server), [our_library()], "loaded on first use");
-    assert_eq!(calls(&server, "fcall"), 5, "the first call found no library and was sent again");
-    assert_eq!(calls(&server, "evalsha") + calls(&server, "eval"), 0, "no script");
+    assert_eq!(server.calls("fcall"), 5, "the first call found no library and was sent again");
+    assert_eq!(server.calls("evalsha") + server.calls("eval"), 0, "no script");
 
     let _: String = server.command(&["FUNCTION", "FLUSH"]);
     assert!(libraries(&server).is_empty());
@@ -69,7 +59,7 @@ async fn checks_call_the_library_and_it_is_loaded_again_after_a_function_flush()
     assert_eq!(backend.check("k", &rules, 1).await.unwrap().remaining(), 6);
     assert_eq!(backend.check("g", &gcra, 1).await.unwrap().remaining(), 2);
     assert_eq!(libraries(&server), [our_library()]);
-    assert_eq!(calls(&server, "function|load"), 2, "once at first use, once after the flush");
+    assert_eq!(server.calls("function|load"), 2, "once at first use, once after the flush");
 }
 
 #[tokio::test]
@@ -170,9 +160,9 @@ async fn falls_back_to_scripts_without(command: &str) {
     // One call found no Functions; every later one went straight to a script: 7 calls (the
     // reset is always a script), of which the first of each script met NOSCRIPT and was sent
     // again as EVAL.
-    let scripts = calls(&server, "evalsha") + calls(&server, "eval");
+    let scripts = server.calls("evalsha") + server.calls("eval");
     assert_eq!(scripts, 7 + 2, "every decision by script");
-    assert!(calls(&server, "fcall") <= 1);
+    assert!(server.calls("fcall") <= 1);
     if command != "FUNCTION" {
         assert!(libraries(&server).is_empty());
     }

@@ -18,15 +18,6 @@ fn on(server: &RedisServer, engine: Engine) -> RedisBackend {
     RedisBackend::builder(server.url()).engine(engine).timeout(Duration::from_secs(5)).build().unwrap()
 }
 
-/// Calls of `command` the server has answered.
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    let info: String = server.command(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 mod scenarios {
     use super::*;
 
@@ -52,7 +43,7 @@ async fn auto_uses_the_module_where_it_is_loaded_and_the_lua_elsewhere() {
     let auto = on(&plain, Engine::Auto);
     assert_eq!(auto.check("k", &rules, 2).await.unwrap().remaining(), 3);
     assert_eq!(auto.engine(), Some("lua"));
-    assert_eq!(calls(&plain, "tollgate.decide"), 0, "an unknown command is not counted as a call");
+    assert_eq!(plain.calls("tollgate.decide"), 0, "an unknown command is not counted as a call");
     assert!(on(&plain, Engine::Module).require_module().await.is_err());
     let refused = on(&plain, Engine::Module).check("k", &rules, 1).await.unwrap_err();
     assert!(refused.to_string().contains("unknown command"), "{refused}");
@@ -63,8 +54,8 @@ async fn auto_uses_the_module_where_it_is_loaded_and_the_lua_elsewhere() {
     assert_eq!(auto.engine(), Some("module"));
     assert!(on(&loaded, Engine::Module).require_module().await.is_ok());
     assert_eq!(on(&loaded, Engine::Lua).check("k", &rules, 1).await.unwrap().remaining(), 2);
-    assert_eq!(calls(&loaded, "tollgate.decide"), 1);
-    assert!(calls(&loaded, "fcall") >= 1, "the Lua engine's call (after loading its library)");
+    assert_eq!(loaded.calls("tollgate.decide"), 1);
+    assert!(loaded.calls("fcall") >= 1, "the Lua engine's call (after loading its library)");
 }
 
 #[tokio::test]
@@ -87,7 +78,7 @@ async fn the_module_loaded_into_a_running_redis_takes_over_the_counts() {
     assert_eq!(module.check("k", &rules, 3).await.unwrap().remaining(), 1);
     assert!(!module.check("k", &rules, 2).await.unwrap().allowed());
     assert_eq!(lua.check("k", &rules, 1).await.unwrap().remaining(), 0, "and back to the Lua");
-    assert_eq!(calls(&server, "tollgate.decide"), 2);
+    assert_eq!(server.calls("tollgate.decide"), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -126,7 +117,7 @@ async fn both_engines_at_once_admit_exactly_the_limit() {
         }
     }
     // Both engines took calls (each call may carry several coalesced decisions).
-    assert!(calls(&server, "tollgate.decide") > 0 && calls(&server, "fcall") > 0);
+    assert!(server.calls("tollgate.decide") > 0 && server.calls("fcall") > 0);
 }
 
 #[tokio::test]
@@ -149,10 +140,9 @@ async fn on_a_cluster_the_module_is_routed_by_key() {
         assert!(!backend.check(&key, &rules, 1).await.unwrap().allowed(), "{key}");
     }
     assert_eq!(backend.engine(), Some("module"));
-    let answered: u64 =
-        cluster.masters().iter().map(|&m| calls(&cluster.nodes()[m], "tollgate.decide")).sum();
+    let answered: u64 = cluster.masters().iter().map(|&m| cluster.nodes()[m].calls("tollgate.decide")).sum();
     assert_eq!(answered, 90);
-    assert!(cluster.masters().iter().all(|&m| calls(&cluster.nodes()[m], "tollgate.decide") > 0));
+    assert!(cluster.masters().iter().all(|&m| cluster.nodes()[m].calls("tollgate.decide") > 0));
 }
 
 /// Switching engines under load: the module unloaded, loaded again and unloaded again while 32
@@ -253,8 +243,8 @@ mod engine_switch {
         }
         let answered_since = |from: u64| answered.load(Ordering::Relaxed) - from;
         let second = Duration::from_secs(1);
-        let module_calls = || calls(&server, "tollgate.decide");
-        let lua_calls = || calls(&server, "fcall");
+        let module_calls = || server.calls("tollgate.decide");
+        let lua_calls = || server.calls("fcall");
 
         // The module decides.
         until(5 * second, "checks on the module", || module_calls() >= 100).await;

@@ -9,19 +9,9 @@ use tollgate_core::{Backend, Period, Rule, RuleSet};
 use tollgate_redis::{Engine, RedisBackend};
 use tollgate_testkit::{RedisCluster, RedisServer, key_slot, redis_module};
 
-/// A `cmdstat_<command>` field of INFO commandstats (0 when the command was never called).
-fn command_stat(server: &RedisServer, command: &str, field: &str) -> u64 {
-    let info: String = server.command(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
-        .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix(&format!("{field}="))))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Calls of `command` that succeeded.
 fn succeeded(server: &RedisServer, command: &str) -> u64 {
-    command_stat(server, command, "calls") - command_stat(server, command, "failed_calls")
+    server.command_stat(command, "calls") - server.command_stat(command, "failed_calls")
 }
 
 /// Error replies the server has sent, in all.
@@ -79,7 +69,7 @@ async fn auto_uses_the_module_on_the_master_that_has_it() {
         assert!(checks > 0, "every master serves some of the keys");
         if master == with_module {
             assert_eq!(succeeded(node, "tollgate.decide") as usize, checks, "the module decided its keys");
-            assert_eq!(command_stat(node, "fcall", "calls"), 0, "and the Lua none");
+            assert_eq!(node.command_stat("fcall", "calls"), 0, "and the Lua none");
         } else {
             assert_eq!(succeeded(node, "fcall") as usize, checks, "the Lua decided master {master}'s keys");
             assert_eq!(succeeded(node, "tollgate.decide"), 0);

@@ -14,7 +14,7 @@ use tollgate_redis::{Engine, RedisBackend};
 use tollgate_testkit::RedisServer;
 use tollgate_testkit::conformance::one_of_each;
 
-use engines::{command_calls, engine_calls, on_both_engines, server};
+use engines::{engine_calls, on_both_engines, server};
 
 fn backend(server: &RedisServer, engine: Engine, connections: usize) -> RedisBackend {
     RedisBackend::builder(server.url())
@@ -304,7 +304,7 @@ async fn hash_stored_rules_of_a_set_share_one_hash(engine: Engine) {
 /// the module's own writes through Redis's key API are not counted in the master's
 /// `INFO commandstats`.
 fn ttl_writes(replica: &RedisServer) -> u64 {
-    ["pexpireat", "pexpire", "expireat", "expire"].iter().map(|c| command_calls(replica, c)).sum()
+    ["pexpireat", "pexpire", "expireat", "expire"].iter().map(|c| replica.calls(c)).sum()
 }
 
 /// A field of `INFO replication`.
@@ -358,8 +358,8 @@ async fn a_ttl_is_only_written_when_it_must_grow(engine: Engine) {
     assert_eq!(ttl_writes(&replica), first, "no TTL rewritten within the second");
     // Every check was the engine's: a module call each, or the Lua's six reads.
     match engine {
-        Engine::Module => assert_eq!(command_calls(&server, "tollgate.decide"), 11),
-        _ => assert_eq!(command_calls(&server, "hmget"), 11 * 6),
+        Engine::Module => assert_eq!(server.calls("tollgate.decide"), 11),
+        _ => assert_eq!(server.calls("hmget"), 11 * 6),
     }
 
     // GCRA's state moves forward with every admission, so its key's TTL grows with it and

@@ -29,14 +29,7 @@ pub fn key_slot(key: &[u8]) -> u16 {
         },
         None => key,
     };
-    let mut crc: u16 = 0;
-    for &byte in hashed {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc % 16384
+    crc16::State::<crc16::XMODEM>::calculate(hashed) % 16384
 }
 
 /// Starts one node in cluster mode, with `extra` arguments; answers it and its bus port.

@@ -145,6 +145,24 @@ impl RedisServer {
         redis::from_redis_value(value).unwrap_or_else(|e| panic!("redis reply to {args:?}: {e}"))
     }
 
+    /// A field of `command`'s line in `INFO commandstats` (`calls`, `usec`, `failed_calls`,
+    /// ...; a subcommand as `function|load`), 0 when the command has not been called. The
+    /// module's key-API writes are not commands and do not show here.
+    pub fn command_stat(&self, command: &str, field: &str) -> u64 {
+        let info: String = self.command(&["INFO", "commandstats"]);
+        let line = format!("cmdstat_{command}:");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|stats| stats.split(',').find_map(|kv| kv.strip_prefix(field)?.strip_prefix('=')))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Calls of `command` the server has answered ([`command_stat`](Self::command_stat)).
+    pub fn calls(&self, command: &str) -> u64 {
+        self.command_stat(command, "calls")
+    }
+
     /// Every key on the server (by `SCAN`).
     pub fn keys(&self) -> Vec<String> {
         let mut keys = Vec::new();

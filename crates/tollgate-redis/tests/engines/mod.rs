@@ -63,21 +63,10 @@ pub fn sentinel(engine: Engine) -> RedisSentinel {
     RedisSentinel::start_with(&with(&args(engine), &[]))
 }
 
-/// Calls of one Redis command `server` has answered (`INFO commandstats`; a script's calls
-/// count too, the module's key-API writes do not).
-pub fn command_calls(server: &RedisServer, command: &str) -> u64 {
-    let info: String = server.command(&["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{command}:");
-    info.lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 /// Calls of the engine so far, whichever answered: `TOLLGATE.DECIDE`, `FCALL`, `EVALSHA` and
 /// `EVAL` (a reset is an `EVALSHA` on both engines).
 pub fn engine_calls(server: &RedisServer) -> u64 {
-    ["tollgate.decide", "fcall", "evalsha", "eval"].iter().map(|c| command_calls(server, c)).sum()
+    ["tollgate.decide", "fcall", "evalsha", "eval"].iter().map(|c| server.calls(c)).sum()
 }
 
 /// Held for its run by a test whose bounds assume its load is the only one: the test's other
