@@ -29,8 +29,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -78,9 +78,9 @@ fn blocks() -> Vec<Block> {
                     if let Some(rest) = html.trim().strip_prefix("<!-- recipe:") {
                         let words: Vec<String> =
                             rest.trim_end_matches("-->").split_whitespace().map(str::to_owned).collect();
-                        let (name, options) = words
-                            .split_first()
-                            .unwrap_or_else(|| panic!("{doc}:{}: a recipe marker names no recipe", line_of(range.start)));
+                        let (name, options) = words.split_first().unwrap_or_else(|| {
+                            panic!("{doc}:{}: a recipe marker names no recipe", line_of(range.start))
+                        });
                         for option in options {
                             assert!(
                                 OPTIONS.contains(&option.as_str()) || option.starts_with("fresh:"),
@@ -133,7 +133,8 @@ fn steps(block: &Block) -> Vec<Step> {
         if let Some(shown) = line.strip_prefix("#>") {
             assert!(logical.is_empty(), "{}: an output line inside a continued command", block.origin);
             flush(&mut pending, &mut steps);
-            let last = steps.last_mut().unwrap_or_else(|| panic!("{}: output before any command", block.origin));
+            let last =
+                steps.last_mut().unwrap_or_else(|| panic!("{}: output before any command", block.origin));
             assert!(!last.background, "{}: a background command prints nothing here", block.origin);
             last.expected.push(shown.strip_prefix(' ').unwrap_or(shown).trim_end().to_owned());
             continue;
@@ -210,7 +211,9 @@ impl Ports {
     /// The ports of every block of a recipe, each given a free port (6379 the recipe's Redis).
     fn of(blocks: &[&Block], redis: Option<u16>) -> Ports {
         let mut map = BTreeMap::new();
-        let doc_ports = [8080, 8081, 8000].into_iter().chain(blocks.iter().flat_map(|b| addresses(&b.text).into_iter().map(|a| a.2)));
+        let doc_ports = [8080, 8081, 8000]
+            .into_iter()
+            .chain(blocks.iter().flat_map(|b| addresses(&b.text).into_iter().map(|a| a.2)));
         for port in doc_ports {
             map.entry(port).or_insert_with(tollgate_testkit::free_port);
         }
@@ -336,9 +339,10 @@ impl Session {
     }
 
     fn feed(&mut self, text: &str) {
-        self.stdin.write_all(text.as_bytes()).and_then(|()| self.stdin.flush()).unwrap_or_else(|e| {
-            panic!("the shell stopped taking commands ({e}):\n{}", self.diagnostics())
-        });
+        self.stdin
+            .write_all(text.as_bytes())
+            .and_then(|()| self.stdin.flush())
+            .unwrap_or_else(|e| panic!("the shell stopped taking commands ({e}):\n{}", self.diagnostics()));
     }
 
     /// What the shell and the background commands wrote to their logs.
@@ -354,7 +358,11 @@ impl Session {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(40).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
-            out.push_str(&format!("--- {}:\n{}\n", log.file_name().unwrap().to_string_lossy(), tail.join("\n")));
+            out.push_str(&format!(
+                "--- {}:\n{}\n",
+                log.file_name().unwrap().to_string_lossy(),
+                tail.join("\n")
+            ));
         }
         out
     }
@@ -403,7 +411,13 @@ impl Drop for Session {
         let group = format!("-{}", self.child.id());
         let _ = Command::new("kill").args(["-TERM", "--", &group]).stderr(Stdio::null()).status();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline && Command::new("kill").args(["-0", "--", &group]).stderr(Stdio::null()).status().is_ok_and(|s| s.success()) {
+        while Instant::now() < deadline
+            && Command::new("kill")
+                .args(["-0", "--", &group])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        {
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = Command::new("kill").args(["-KILL", "--", &group]).stderr(Stdio::null()).status();
@@ -463,7 +477,10 @@ fn run_recipe(name: &str) {
     let all = blocks();
     let blocks: Vec<&Block> = all.iter().filter(|b| b.recipe == name).collect();
     assert!(!blocks.is_empty(), "no block is marked <!-- recipe: {name} -->");
-    let redis = blocks.iter().any(|b| b.options.iter().any(|o| o == "redis")).then(tollgate_testkit::RedisServer::start);
+    let redis = blocks
+        .iter()
+        .any(|b| b.options.iter().any(|o| o == "redis"))
+        .then(tollgate_testkit::RedisServer::start);
     let ports = Ports::of(&blocks, redis.as_ref().map(tollgate_testkit::RedisServer::port));
     let mut session = Session::start(&ports);
     for block in blocks {
@@ -472,9 +489,13 @@ fn run_recipe(name: &str) {
                 fresh_window(period);
             }
         }
-        if let Some(file) = block.text.lines().next().and_then(|l| l.strip_prefix("# ")).filter(|f| {
-            f.contains('.') && !f.contains(' ')
-        }) {
+        if let Some(file) = block
+            .text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# "))
+            .filter(|f| f.contains('.') && !f.contains(' '))
+        {
             std::fs::write(session.dir.path().join(file), ports.map(&block.text, false)).unwrap();
             continue;
         }
@@ -582,7 +603,10 @@ fn the_readme_excerpts_are_their_files_own_lines() {
                 lines[next..].iter().position(|l| *l == shown).map(|i| next + i)
             };
             let Some(line) = found else {
-                panic!("README's excerpt of {path}: {shown:?} is not the file's next line (from line {})", next + 1)
+                panic!(
+                    "README's excerpt of {path}: {shown:?} is not the file's next line (from line {})",
+                    next + 1
+                )
             };
             next = line + 1;
             contiguous = true;
@@ -591,6 +615,74 @@ fn the_readme_excerpts_are_their_files_own_lines() {
         rest = &after[after.find("```").unwrap()..];
     }
     assert!(excerpts >= 1, "the tower layer's snippet is an excerpt of its example");
+}
+
+/// GitHub's anchor of a heading: lower case, spaces as hyphens, other punctuation dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            '-' | '_' => Some(c),
+            c if c.is_alphanumeric() => Some(c.to_ascii_lowercase()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut heading: Option<String> = None;
+    for event in Parser::new(text) {
+        match event {
+            Event::Start(Tag::Heading { .. }) => heading = Some(String::new()),
+            Event::Text(t) | Event::Code(t) if heading.is_some() => heading.as_mut().unwrap().push_str(&t),
+            Event::End(TagEnd::Heading(_)) => {
+                found.insert(anchor(&heading.take().unwrap()));
+            }
+            _ => {}
+        }
+    }
+    found
+}
+
+/// The links of the README and the recipes lead to a file of the repository and, with an
+/// anchor, to one of its headings (a renamed section breaks no reader's link silently).
+#[test]
+fn the_docs_links_lead_somewhere() {
+    let mut checked = 0;
+    for doc in DOCS {
+        let path = root().join(doc);
+        let text = std::fs::read_to_string(&path).unwrap();
+        for event in Parser::new(&text) {
+            let (Event::Start(Tag::Link { dest_url, .. }) | Event::Start(Tag::Image { dest_url, .. })) =
+                event
+            else {
+                continue;
+            };
+            if dest_url.contains("://") || dest_url.starts_with("mailto:") {
+                continue;
+            }
+            let (file, fragment) = dest_url.split_once('#').unwrap_or((&dest_url, ""));
+            let target = if file.is_empty() { path.clone() } else { path.parent().unwrap().join(file) };
+            assert!(target.exists(), "{doc}: the link {dest_url} leads to no file");
+            if !fragment.is_empty() {
+                let headings = anchors(&std::fs::read_to_string(&target).unwrap());
+                assert!(
+                    headings.contains(fragment),
+                    "{doc}: {dest_url}: no heading has the anchor #{fragment}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "{checked} links");
+    assert_eq!(
+        anchor("Seeing the algorithms: `tollgate simulate`"),
+        "seeing-the-algorithms-tollgate-simulate"
+    );
+    assert_eq!(anchor("Why was a request refused?"), "why-was-a-request-refused");
 }
 
 #[test]
@@ -614,7 +706,10 @@ fn ports_are_moved_in_addresses_and_where_they_stand_alone() {
         ports.map("curl localhost:8080/x; python3 -m http.server 3000 &\nseq 3000x 13000 a3000", true),
         "curl localhost:40001/x; python3 -m http.server 40002 &\nseq 3000x 13000 a3000"
     );
-    assert_eq!(ports.map("url = \"redis://127.0.0.1:8080\" # 3000", false), "url = \"redis://127.0.0.1:40001\" # 3000");
+    assert_eq!(
+        ports.map("url = \"redis://127.0.0.1:8080\" # 3000", false),
+        "url = \"redis://127.0.0.1:40001\" # 3000"
+    );
     assert_eq!(ports.unmap("at http://127.0.0.1:40002/ 40002"), "at http://127.0.0.1:3000/ 40002");
     assert_eq!(awaited_ports("tollgate serve --config a.toml &", &ports), BTreeSet::from([8080]));
     assert_eq!(
