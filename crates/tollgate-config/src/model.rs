@@ -9,7 +9,9 @@ use std::sync::Arc;
 use serde::Deserialize;
 use tollgate_core::{Period, Rule};
 use tollgate_http::ResetHeader;
-use tollgate_limiter::{FailurePolicy, LimiterSettings, Mode, Policy, SixPeriods};
+use tollgate_limiter::{
+    DecisionLogSettings, FailurePolicy, LimiterSettings, LoggedKey, Mode, Policy, SixPeriods,
+};
 use toml::Spanned;
 
 use crate::redis_url::RedisTopology;
@@ -32,6 +34,29 @@ struct File {
     policies: BTreeMap<Spanned<String>, PolicySection>,
     #[serde(default)]
     consumers: Option<Spanned<ConsumersSection>>,
+    #[serde(default)]
+    decision_log: DecisionLogSection,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct DecisionLogSection {
+    enabled: bool,
+    key: LoggedKey,
+    sample_rate: Spanned<f64>,
+    max_per_second: Spanned<u32>,
+}
+
+impl Default for DecisionLogSection {
+    fn default() -> Self {
+        let settings = DecisionLogSettings::default();
+        DecisionLogSection {
+            enabled: false,
+            key: settings.key,
+            sample_rate: unwritten(settings.sample_rate),
+            max_per_second: unwritten(settings.max_per_second),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -191,7 +216,8 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
 fn validate(file: File) -> Result<Config, Mistake> {
     let server = server_settings(&file.server)?;
     let memory = MemorySettings { max_keys: max_keys(&file.memory)? };
-    let backend = backend_settings(&file.backend, &server, &memory)?;
+    let mut backend = backend_settings(&file.backend, &server, &memory)?;
+    backend.limiter.decision_log = decision_log_settings(&file.decision_log)?;
     let mut policies = BTreeMap::new();
     for (name, section) in file.policies {
         let policy = policy(&name, section)?;
@@ -298,8 +324,26 @@ fn backend_settings(
             probe_interval: backend.probe_interval.as_duration(),
             max_delayed: server.max_delayed,
             fallback_max_keys: memory.max_keys,
+            decision_log: None,
         },
     })
+}
+
+/// The `[decision_log]` section: None when it is off.
+fn decision_log_settings(section: &DecisionLogSection) -> Result<Option<DecisionLogSettings>, Mistake> {
+    let settings = DecisionLogSettings {
+        sample_rate: *section.sample_rate.get_ref(),
+        max_per_second: *section.max_per_second.get_ref(),
+        key: section.key,
+    };
+    settings.validate().map_err(|e| {
+        let span = match e {
+            tollgate_limiter::DecisionLogError::SampleRate(_) => section.sample_rate.span(),
+            _ => section.max_per_second.span(),
+        };
+        Mistake::at(span, format!("decision_log.{e}"))
+    })?;
+    Ok(section.enabled.then_some(settings))
 }
 
 fn consumer_settings(section: Spanned<ConsumersSection>) -> Result<ConsumerSettings, Mistake> {
@@ -501,6 +545,34 @@ mod tests {
         assert_eq!(e.line(), Some(2), "{e}");
         assert!(e.to_string().contains("memory.max_keys must be at least 64"), "{e}");
         assert!(error("[memory]\nmax_key = 10\n").to_string().contains("max_key"));
+    }
+
+    #[test]
+    fn the_decision_log_is_off_unless_enabled_and_bounded() {
+        assert_eq!(parse("", "t").unwrap().limiter_settings().decision_log, None);
+        // Settings without `enabled` are checked, and stay off.
+        assert_eq!(
+            parse("[decision_log]\nmax_per_second = 5\n", "t").unwrap().limiter_settings().decision_log,
+            None
+        );
+        let c = parse("[decision_log]\nenabled = true\n", "t").unwrap();
+        assert_eq!(c.limiter_settings().decision_log, Some(DecisionLogSettings::default()));
+        let c = parse(
+            "[decision_log]\nenabled = true\nkey = \"plain\"\nsample_rate = 0.25\nmax_per_second = 3\n",
+            "t",
+        )
+        .unwrap();
+        let expected = DecisionLogSettings { sample_rate: 0.25, max_per_second: 3, key: LoggedKey::Plain };
+        assert_eq!(c.limiter_settings().decision_log, Some(expected));
+
+        let e = error("[decision_log]\nenabled = true\n\nsample_rate = 0.0\n");
+        assert_eq!(e.line(), Some(4), "{e}");
+        assert!(e.to_string().contains("decision_log.sample_rate = 0 must be above 0"), "{e}");
+        let e = error("[decision_log]\nmax_per_second = 0\n");
+        assert_eq!(e.line(), Some(2), "{e}");
+        assert!(e.to_string().contains("decision_log.max_per_second"), "{e}");
+        assert!(error("[decision_log]\nkey = \"md5\"\n").to_string().contains("md5"));
+        assert!(error("[decision_log]\nenable = true\n").to_string().contains("enable"));
     }
 
     #[test]

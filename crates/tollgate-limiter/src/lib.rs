@@ -1,7 +1,8 @@
 //! Policies enforced against a backend, the way a service needs them: what to answer when the
 //! backend fails (admit, refuse, or decide locally), a circuit breaker so a dead backend is not
-//! paid for on every request, the `delay` strategy that holds a request until it fits, and
-//! shadow mode. Knows nothing of HTTP or of Redis: it drives any [`tollgate_core::Backend`].
+//! paid for on every request, the `delay` strategy that holds a request until it fits, shadow
+//! mode, and the [`decision_log`] (a line per refused request, sampled and capped). Knows
+//! nothing of HTTP or of Redis: it drives any [`tollgate_core::Backend`].
 //! Also the policy vocabulary every front end shares: consumer limits ([`SixPeriods`]) and the
 //! [`keyspace`] of Tollgate's own keys.
 //!
@@ -24,11 +25,13 @@
 //! ```
 
 mod breaker;
+pub mod decision_log;
 pub mod keyspace;
 mod limiter;
 pub mod metrics;
 mod policy;
 
 pub use breaker::BreakerState;
+pub use decision_log::{DecisionLogError, DecisionLogSettings, LoggedKey};
 pub use limiter::{Check, FailurePolicy, JointVerdict, LimitError, Limiter, LimiterSettings, Verdict};
 pub use policy::{Mode, OnLimit, PERIODS, PeriodLimitError, Policy, SixPeriods};

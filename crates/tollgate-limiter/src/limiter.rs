@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tollgate_core::{Backend, Decision, Error, Lease, LeaseId, MemoryBackend, Operation, Part, RuleSet};
 
 use crate::breaker::{Breaker, BreakerState};
+use crate::decision_log::{self, DecisionLog, DecisionLogSettings};
 use crate::metrics as m;
 use crate::{Mode, OnLimit, Policy};
 
@@ -52,6 +53,9 @@ pub struct LimiterSettings {
     /// past it, the keys whose state expires soonest are forgotten early. At least
     /// [`tollgate_core::MIN_MAX_KEYS`] (a smaller value is raised to it).
     pub fallback_max_keys: usize,
+    /// The decision log (one line per refused request), or None for none (the default).
+    /// [`Limiter::set_decision_log`] changes it later.
+    pub decision_log: Option<DecisionLogSettings>,
 }
 
 impl Default for LimiterSettings {
@@ -62,6 +66,7 @@ impl Default for LimiterSettings {
             probe_interval: Duration::from_millis(250),
             max_delayed: 1024,
             fallback_max_keys: tollgate_core::DEFAULT_MAX_KEYS,
+            decision_log: None,
         }
     }
 }
@@ -141,6 +146,7 @@ struct Inner {
     breaker: Breaker,
     settings: LimiterSettings,
     delay_slots: Semaphore,
+    decision_log: decision_log::Shared,
 }
 
 /// Decisions under [`Policy`]s from a primary backend, with a failure policy, a circuit breaker
@@ -180,6 +186,9 @@ impl Limiter {
                 .unwrap_or_else(|_| unreachable!("max_keys is at least MIN_MAX_KEYS")),
             breaker: Breaker::new(settings.failure_threshold),
             delay_slots: Semaphore::new(settings.max_delayed),
+            decision_log: decision_log::Shared::from(
+                settings.decision_log.clone().map(|s| Arc::new(DecisionLog::new(s))),
+            ),
             settings,
         };
         metrics::gauge!(m::BREAKER_OPEN, "backend" => inner.backend_name.to_string()).set(0.0);
@@ -200,6 +209,17 @@ impl Limiter {
     /// The failure policy.
     pub fn failure_policy(&self) -> FailurePolicy {
         self.inner.settings.on_failure
+    }
+
+    /// Turns the decision log on with `settings`, or off with None; a log whose settings are
+    /// unchanged keeps its counts (a configuration reload calls this every time).
+    pub fn set_decision_log(&self, settings: Option<DecisionLogSettings>) {
+        decision_log::replace(&self.inner.decision_log, settings);
+    }
+
+    /// The decision log's settings, None while it is off.
+    pub fn decision_log(&self) -> Option<DecisionLogSettings> {
+        self.inner.decision_log.load().as_ref().map(|log| log.settings().clone())
     }
 
     /// Whether the primary backend is in use or bypassed.
@@ -224,7 +244,7 @@ impl Limiter {
         {
             verdict = self.delay(key, policy, op, verdict, max_wait).await?;
         }
-        self.record(policy, &verdict, true);
+        self.record(key, policy, cost, &verdict, true);
         Ok(verdict)
     }
 
@@ -259,7 +279,8 @@ impl Limiter {
             checks.iter().zip(decisions).map(|(c, d)| self.verdict(c.policy, (d, degraded))).collect();
         let admitted = verdicts.iter().all(|v| v.allowed());
         for (check, verdict) in checks.iter().zip(&verdicts) {
-            self.record(check.policy, verdict, admitted || check.policy.mode == Mode::Shadow);
+            let taken = admitted || check.policy.mode == Mode::Shadow;
+            self.record(check.key, check.policy, check.cost, verdict, taken);
         }
         Ok(JointVerdict { admitted, verdicts })
     }
@@ -281,7 +302,7 @@ impl Limiter {
         {
             verdict = self.delay(key, policy, op, verdict, max_wait).await?;
         }
-        self.record(policy, &verdict, true);
+        self.record(key, policy, cost, &verdict, true);
         let taken = verdict.decision.allowed() && cost > 0 && policy.rules.has_concurrency();
         Ok((verdict, taken.then_some(Lease { id, units: cost })))
     }
@@ -353,9 +374,17 @@ impl Limiter {
         Ok(verdict)
     }
 
-    /// Records a verdict; `taken` is false for a check refused because another check of its
-    /// batch was (counted as denied).
-    fn record(&self, policy: &Policy, verdict: &Verdict, taken: bool) {
+    /// Records a verdict in the metrics, and a refusal by its own rules in the decision log;
+    /// `taken` is false for a check refused because another check of its batch was (counted as
+    /// denied; the check that refused is the one logged).
+    fn record(&self, key: &str, policy: &Policy, cost: u64, verdict: &Verdict, taken: bool) {
+        if !verdict.decision.allowed()
+            && let Some(log) = self.inner.decision_log.load().as_ref()
+            && let Some(line) =
+                log.line(key, policy, cost, &verdict.decision, verdict.degraded, verdict.shadow_denied)
+        {
+            decision_log::write(&line);
+        }
         // Metric labels share the policy name (an Arc) rather than copying it per decision.
         let name = Arc::clone(&policy.name);
         let outcome = match (verdict.decision.allowed() && taken, verdict.shadow_denied) {

@@ -12,7 +12,9 @@ use tollgate_core::{Lease, LeaseId, Period, Rule, RuleSet};
 use tollgate_limiter::{Policy, Verdict};
 use utoipa::ToSchema;
 
+use crate::consumers::{anonymous_target, check_target, consumer_target};
 use crate::decision::{DecisionBody, INLINE_POLICY, limit_problem, respond};
+use crate::explain::{Explain, Subject, explain};
 use crate::state::AppState;
 use tollgate_http::Problem;
 use tollgate_http::extract::ApiJson;
@@ -242,19 +244,26 @@ fn caller_key(key: &str) -> Result<&str, Problem> {
     }
 }
 
-/// Checks (and takes) `cost` units for a key.
+/// Checks (and takes) `cost` units for a key. With `?explain=1` (or `Tollgate-Explain: 1`) and
+/// a token, counts nothing and answers each rule's state instead.
 #[utoipa::path(
     post, path = "/v1/check", request_body = CheckRequest,
+    params(
+        ("explain" = Option<String>, Query, description = "1: explain instead of deciding (needs a token, any role); also the header Tollgate-Explain: 1"),
+    ),
     responses(
-        (status = 200, description = "Admitted", body = DecisionBody),
+        (status = 200, description = "Admitted; or, explained, each rule's state (ExplainBody)", body = DecisionBody),
         (status = 429, description = "Denied (same body)", body = DecisionBody),
         (status = 400, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Explain without a known token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Explain with a token limited to apps the policy reaches beyond", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Unknown policy", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Backend down, failure policy closed", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn check(
     State(state): State<AppState>,
+    Explain(explainer): Explain,
     ApiJson(req): ApiJson<CheckRequest>,
 ) -> Result<Response, Problem> {
     let subject = match (&req.consumer, &req.anonymous_ip) {
@@ -274,11 +283,19 @@ pub async fn check(
                 format!("{field} checks name their own key and limits: drop {other}"),
             ));
         }
-        if field == "consumer" {
-            return crate::consumers::check_consumer(&state, value, req.scope.as_deref(), req.cost).await;
-        }
-        if req.scope.is_none() {
-            return crate::consumers::check_anonymous(&state, value, req.cost).await;
+        let target = match field {
+            "consumer" => Some(consumer_target(&state, value, req.scope.as_deref())?),
+            _ if req.scope.is_none() => Some(anonymous_target(&state, value)?),
+            _ => None,
+        };
+        if let Some(target) = target {
+            return match &explainer {
+                Some(caller) => {
+                    let subject = Subject { key: &target.key, policy: target.policy.clone(), named: None };
+                    explain(&state, caller, subject, req.cost, field).await
+                }
+                None => check_target(&state, target, req.cost).await,
+            };
         }
     }
     if req.scope.is_some() {
@@ -290,6 +307,10 @@ pub async fn check(
     caller_key(&key)?;
     let field = rules_field(&req.policy);
     let policy = resolve(&state, req.policy.as_deref(), req.limits, InlineUse::Stores)?;
+    if let Some(caller) = &explainer {
+        let subject = Subject { key: &key, policy: Some(policy), named: req.policy.as_deref() };
+        return explain(&state, caller, subject, req.cost, field).await;
+    }
     let verdict = state.limiter.check(&key, &policy, req.cost).await.map_err(|e| limit_problem(e, field))?;
     state.live.record(&policy.name, &key, req.cost, &verdict);
     Ok(decision_response(&state, &policy, &verdict, None))

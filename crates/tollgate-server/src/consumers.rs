@@ -113,18 +113,45 @@ async fn decide(
     Ok(respond(state.config().server.reset_header, policy, &verdict, body))
 }
 
-/// `POST /v1/check {"consumer": ...}`.
-pub(crate) async fn check_consumer(
+/// What a consumer or anonymous check counts: its key, its policy (None when every period is
+/// unlimited), and whom a denial's message names.
+pub(crate) struct Target {
+    pub(crate) key: String,
+    pub(crate) policy: Option<Arc<Policy>>,
+    whom: &'static str,
+}
+
+/// `{"consumer": ...}`: the consumer's key and the limits in force for it.
+pub(crate) fn consumer_target(
     state: &AppState,
     consumer: &str,
     scope: Option<&str>,
-    cost: u64,
-) -> Result<Response, Problem> {
+) -> Result<Target, Problem> {
     validate_consumer_id("consumer", consumer).map_err(|e| Problem::invalid("consumer", e.to_string()))?;
     if let Some(scope) = scope {
         validate_consumer_id("scope", scope).map_err(|e| Problem::invalid("scope", e.to_string()))?;
     }
-    let Some(policy) = consumer_policy(CONSUMER_POLICY, limits_of(state, consumer, scope)) else {
+    Ok(Target {
+        key: consumer_key(consumer),
+        policy: consumer_policy(CONSUMER_POLICY, limits_of(state, consumer, scope)),
+        whom: "for this consumer",
+    })
+}
+
+/// `{"anonymous_ip": ...}`: the address's key and the anonymous hourly limit.
+pub(crate) fn anonymous_target(state: &AppState, ip: &str) -> Result<Target, Problem> {
+    let ip: IpAddr = ip
+        .parse()
+        .map_err(|_| Problem::invalid("anonymous_ip", format!("{ip:?} is not an IPv4 or IPv6 address")))?;
+    let per_hour = state.config().consumers.anonymous_per_hour;
+    let hourly = [None, None, Some(per_hour), None, None, None];
+    let policy = consumer_policy(ANONYMOUS_POLICY, hourly).ok_or_else(Problem::internal)?;
+    Ok(Target { key: anonymous_key(ip), policy: Some(policy), whom: "from an anonymous caller" })
+}
+
+/// `POST /v1/check {"consumer": ...}` or `{"anonymous_ip": ...}`: the decision on `target`.
+pub(crate) async fn check_target(state: &AppState, target: Target, cost: u64) -> Result<Response, Problem> {
+    let Some(policy) = target.policy else {
         let body = Unlimited {
             allowed: true,
             limit: None,
@@ -137,18 +164,7 @@ pub(crate) async fn check_consumer(
         };
         return Ok(Json(body).into_response());
     };
-    decide(state, &consumer_key(consumer), &policy, cost, "for this consumer").await
-}
-
-/// `POST /v1/check {"anonymous_ip": ...}`.
-pub(crate) async fn check_anonymous(state: &AppState, ip: &str, cost: u64) -> Result<Response, Problem> {
-    let ip: IpAddr = ip
-        .parse()
-        .map_err(|_| Problem::invalid("anonymous_ip", format!("{ip:?} is not an IPv4 or IPv6 address")))?;
-    let per_hour = state.config().consumers.anonymous_per_hour;
-    let hourly = [None, None, Some(per_hour), None, None, None];
-    let policy = consumer_policy(ANONYMOUS_POLICY, hourly).ok_or_else(Problem::internal)?;
-    decide(state, &anonymous_key(ip), &policy, cost, "from an anonymous caller").await
+    decide(state, &target.key, &policy, cost, target.whom).await
 }
 
 /// One period's live state.

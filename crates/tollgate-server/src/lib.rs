@@ -24,6 +24,7 @@ mod auth;
 mod console;
 mod consumers;
 mod decision;
+mod explain;
 mod live;
 mod openapi;
 mod ops;

@@ -4,7 +4,7 @@ use utoipa::OpenApi;
 
 use tollgate_http::Problem;
 
-use crate::{admin, api, console, consumers, decision, ops};
+use crate::{admin, api, console, consumers, decision, explain, ops};
 
 /// `POST /json`: Envoy's rate-limit request and answer as JSON (upstream's endpoint), 200 when
 /// every descriptor is OK, 429 when one is over its limit. Served by `tollgate_envoy::json::router`,
@@ -55,6 +55,7 @@ fn envoy_json() {}
         api::ResetRequest,
         decision::DecisionBody,
         decision::RuleBody,
+        explain::ExplainBody,
         Problem,
         ops::Health,
         ops::Info,

@@ -60,6 +60,8 @@ impl AppState {
     /// State over `limiter` with the configuration `config` (whose policies and header settings
     /// [`replace_config`](Self::replace_config) can later swap).
     pub fn new(limiter: Limiter, config: Config) -> Self {
+        // The file's [decision_log] is the one in force, here and at every reload.
+        limiter.set_decision_log(config.limiter_settings().decision_log);
         AppState {
             limiter,
             config: Arc::new(ArcSwap::from_pointee(config)),
@@ -146,9 +148,11 @@ impl AppState {
         self.config.load_full()
     }
 
-    /// Swaps in a reloaded configuration. Policies and `reset_header` take effect at once;
-    /// `listen` and the backend keep their startup values (the caller warns about those).
+    /// Swaps in a reloaded configuration. Policies, `reset_header` and the decision log take
+    /// effect at once; `listen` and the backend keep their startup values (the caller warns
+    /// about those).
     pub fn replace_config(&self, config: Config) {
+        self.limiter.set_decision_log(config.limiter_settings().decision_log);
         self.config.store(Arc::new(config));
     }
 
