@@ -53,7 +53,13 @@ fn against_redis_it_reports_redis_cpu_per_decision() {
 #[tokio::test]
 async fn against_a_server_over_http_and_grpc() {
     let grpc = format!("127.0.0.1:{}", tollgate_testkit::free_port());
-    let server = Tollgate::start("", &["--grpc-listen", &grpc]).await;
+    // The gRPC target's requests carry their own limit in the domain `tollgate-bench`; as
+    // upstream, a request's limit counts only in a domain the server declares.
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("bench.yaml");
+    std::fs::write(&yaml, "domain: tollgate-bench\n").unwrap();
+    let server =
+        Tollgate::start("", &["--grpc-listen", &grpc, "--envoy-config", yaml.to_str().unwrap()]).await;
     let summary =
         bench(&["--target", &server.base, "--algorithm", "sliding-window-counter", "--period", "1y"]);
     assert_exact(&summary);
@@ -63,6 +69,13 @@ async fn against_a_server_over_http_and_grpc() {
     let target = format!("grpc://{grpc}");
     let summary = bench(&["--target", &target, "--algorithm", "fixed-window", "--period", "1h"]);
     assert_exact(&summary);
+
+    // Undeclared, the domain limits nothing: every request is admitted.
+    let plain = format!("127.0.0.1:{}", tollgate_testkit::free_port());
+    let _undeclared = Tollgate::start("", &["--grpc-listen", &plain]).await;
+    let summary =
+        bench(&["--target", &format!("grpc://{plain}"), "--algorithm", "fixed-window", "--period", "1h"]);
+    assert_eq!(summary["denied"].as_u64(), Some(0), "{summary}");
 
     // What the gRPC target cannot express is refused up front.
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
