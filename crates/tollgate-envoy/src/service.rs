@@ -95,8 +95,8 @@ impl EnvoyService {
         }
     }
 
-    /// With `x-ratelimit-limit`, `-remaining` and `-reset` in `response_headers_to_add`, for the
-    /// most restrictive descriptor (upstream's `LIMIT_RESPONSE_HEADERS_ENABLED`).
+    /// With `RateLimit-Limit`, `-Remaining` and `-Reset` in `response_headers_to_add`, for the
+    /// descriptor closest to its limit (upstream's `LIMIT_RESPONSE_HEADERS_ENABLED`).
     pub fn with_response_headers(mut self, enabled: bool) -> Self {
         self.response_headers = enabled;
         self
@@ -364,18 +364,18 @@ impl EnvoyService {
         let verdicts = self.check(&mut items, blocked).await?;
 
         let mut statuses = Vec::with_capacity(planned.len());
-        // Each status's window in seconds (0 when it has no limit), for the response headers.
-        let mut windows = Vec::with_capacity(planned.len());
+        // Whether each status refuses the request on its own, for the response headers.
+        let mut refusing = Vec::with_capacity(planned.len());
         let (mut failed, mut quota_total, mut quota_failed) = (0, 0, 0);
         for (p, outcome) in planned.iter().zip(&outcomes) {
-            let (status, window) = match outcome {
-                Outcome::Free => (status(Code::Ok, None, 0, Duration::ZERO), 0),
-                Outcome::Unlimited => (status(Code::Ok, None, u64::from(u32::MAX), Duration::ZERO), 0),
+            let status = match outcome {
+                Outcome::Free => status(Code::Ok, None, 0, Duration::ZERO),
+                Outcome::Unlimited => status(Code::Ok, None, u64::from(u32::MAX), Duration::ZERO),
                 Outcome::Blocked(at) => {
                     let limit = p.limits[*at].as_ref();
                     count_hits(&labels(&req.domain, p), p.hits, p.shadow, true, false);
                     let code = if p.shadow { Code::Ok } else { Code::OverLimit };
-                    (status(code, Some(limit), 0, aligned_reset(limit.unit)), limit.window_secs)
+                    status(code, Some(limit), 0, aligned_reset(limit.unit))
                 }
                 Outcome::Checked(at) => descriptor_status(&req.domain, &items[*at], &verdicts[*at]),
             };
@@ -383,16 +383,17 @@ impl EnvoyService {
             if p.quota && !matches!(outcome, Outcome::Free | Outcome::Unlimited) {
                 quota_total += 1;
                 quota_failed += usize::from(over);
+                refusing.push(false);
             } else {
                 failed += usize::from(over);
+                refusing.push(over);
             }
             statuses.push(status);
-            windows.push(window);
         }
         // Upstream: over the limit when a descriptor is, or when every quota-mode one is.
         let over = failed > 0 || (quota_total > 0 && quota_total == quota_failed);
         let overall = if over { Code::OverLimit } else { Code::Ok };
-        let headers = if self.response_headers { response_headers(&statuses, &windows) } else { Vec::new() };
+        let headers = if self.response_headers { response_headers(&statuses, &refusing) } else { Vec::new() };
         Ok(RateLimitResponse {
             overall_code: overall as i32,
             statuses,
@@ -438,9 +439,9 @@ impl EnvoyService {
     }
 }
 
-/// A checked descriptor's status and its binding limit's window in seconds; counts its hits in
-/// the metrics. Over the limit, nothing remains (upstream's answer), shadow mode or not.
-fn descriptor_status(domain: &str, item: &Item<'_, '_>, verdict: &Verdict) -> (DescriptorStatus, u64) {
+/// A checked descriptor's status; counts its hits in the metrics. Over the limit, nothing
+/// remains (upstream's answer), shadow mode or not.
+fn descriptor_status(domain: &str, item: &Item<'_, '_>, verdict: &Verdict) -> DescriptorStatus {
     let d = &verdict.decision;
     let p = item.planned;
     let over = item.impossible || !d.allowed();
@@ -449,7 +450,7 @@ fn descriptor_status(domain: &str, item: &Item<'_, '_>, verdict: &Verdict) -> (D
     let binding = d.rules().iter().position(|o| std::ptr::eq(o, d.binding())).unwrap_or(0);
     let limit = item.limited.get(binding).copied();
     let remaining = if over { 0 } else { d.remaining() };
-    (status(code, limit, remaining, d.reset_after()), limit.map_or(0, |l| l.window_secs))
+    status(code, limit, remaining, d.reset_after())
 }
 
 /// Upstream's near-limit test: more than 80 % of a limit used.
@@ -469,25 +470,26 @@ fn count_hits(labels: &[(&'static str, String); 2], hits: u64, shadow: bool, ove
     ::metrics::counter!(name, labels).increment(hits);
 }
 
-/// Upstream's headers for the most restrictive limited descriptor (the fewest remaining):
-/// `x-ratelimit-limit: 10, 10;w=60`, `x-ratelimit-remaining`, `x-ratelimit-reset` (seconds,
-/// rounded up).
-fn response_headers(statuses: &[DescriptorStatus], windows: &[u64]) -> Vec<HeaderValue> {
-    let Some((s, window)) = statuses
-        .iter()
-        .zip(windows)
-        .filter(|(s, _)| s.current_limit.is_some())
-        .min_by_key(|(s, _)| s.limit_remaining)
-    else {
-        return Vec::new();
+/// Upstream's `LIMIT_RESPONSE_HEADERS_ENABLED` headers, `RateLimit-Limit` (the limit),
+/// `RateLimit-Remaining` and `RateLimit-Reset` (seconds, rounded up), for the descriptor
+/// closest to its limit: the last one refusing the request, else the limited one with the
+/// fewest remaining (the first of equals).
+fn response_headers(statuses: &[DescriptorStatus], refusing: &[bool]) -> Vec<HeaderValue> {
+    let limited = || statuses.iter().zip(refusing).filter(|(s, _)| s.current_limit.is_some());
+    let chosen = match limited().filter(|(_, refuses)| **refuses).last() {
+        Some((s, _)) => s,
+        None => match limited().min_by_key(|(s, _)| s.limit_remaining) {
+            Some((s, _)) => s,
+            None => return Vec::new(),
+        },
     };
-    let limit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
-    let reset = s.duration_until_reset.as_ref().map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
+    let limit = chosen.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
+    let reset = chosen.duration_until_reset.as_ref().map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
     let header = |key: &str, value: String| HeaderValue { key: key.to_owned(), value, raw_value: Vec::new() };
     vec![
-        header("x-ratelimit-limit", format!("{limit}, {limit};w={window}")),
-        header("x-ratelimit-remaining", s.limit_remaining.to_string()),
-        header("x-ratelimit-reset", reset.to_string()),
+        header("RateLimit-Limit", limit.to_string()),
+        header("RateLimit-Remaining", chosen.limit_remaining.to_string()),
+        header("RateLimit-Reset", reset.to_string()),
     ]
 }
 

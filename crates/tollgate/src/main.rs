@@ -137,7 +137,7 @@ struct ServeArgs {
     /// envoyproxy/ratelimit YAML configuration: a file, or a directory of *.yaml (one domain each).
     #[arg(long, env = "TOLLGATE_ENVOY_CONFIG", value_name = "PATH")]
     envoy_config: Option<PathBuf>,
-    /// Add x-ratelimit-limit/-remaining/-reset to Envoy answers (upstream's
+    /// Add RateLimit-Limit/-Remaining/-Reset to Envoy answers (upstream's
     /// LIMIT_RESPONSE_HEADERS_ENABLED).
     #[arg(long, env = "TOLLGATE_ENVOY_RESPONSE_HEADERS")]
     envoy_response_headers: bool,

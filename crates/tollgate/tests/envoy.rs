@@ -621,32 +621,38 @@ async fn a_config_map_swap_is_reloaded() {
 
 #[tokio::test]
 async fn response_headers_report_the_most_restrictive_descriptor_when_enabled() {
-    let dir = tempfile::tempdir().unwrap();
-    let yaml = dir.path().join("edge.yaml");
-    std::fs::write(&yaml, YAML).unwrap();
-    let listen = format!("127.0.0.1:{}", tollgate_testkit::free_port());
-    let args = [
-        "--grpc-listen",
-        listen.as_str(),
-        "--envoy-config",
-        yaml.to_str().unwrap(),
-        "--envoy-response-headers",
-    ];
-    let _server = Tollgate::start("", &args).await;
-    let mut client = RateLimitServiceClient::connect(format!("http://{listen}")).await.unwrap();
-    inside_window(3600, 5).await;
-    let req = request(vec![descriptor(&[("path", "/api/h")]), descriptor(&[("remote_address", "h")])]);
-    let r = client.should_rate_limit(req).await.unwrap().into_inner();
-    let headers: Vec<(String, String)> =
-        r.response_headers_to_add.iter().map(|h| (h.key.clone(), h.value.clone())).collect();
+    let (_server, mut client, _dir, _) = start_with(&["--envoy-response-headers"]).await;
+    let headers = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        r.response_headers_to_add.iter().map(|h| (h.key.clone(), h.value.clone())).collect::<Vec<_>>()
+    };
+    let reset_of = |h: &[(String, String)]| {
+        assert_eq!(h[2].0, "RateLimit-Reset");
+        h[2].1.parse::<u64>().unwrap()
+    };
+    // Upstream's names and values: the limit alone, what remains, seconds to the reset.
+    let req = || request(vec![descriptor(&[("path", "/api/h")]), descriptor(&[("remote_address", "h")])]);
+    let r = client.should_rate_limit(req()).await.unwrap().into_inner();
+    let h = headers(&r);
     assert_eq!(
-        headers[0],
-        ("x-ratelimit-limit".to_owned(), "2, 2;w=3600".to_owned()),
+        h[..2],
+        [("RateLimit-Limit".into(), "2".into()), ("RateLimit-Remaining".into(), "1".into())],
         "remote_address has 1 left of 2"
     );
-    assert_eq!(headers[1], ("x-ratelimit-remaining".to_owned(), "1".to_owned()));
-    let reset: u64 = headers[2].1.parse().unwrap();
-    assert!(headers[2].0 == "x-ratelimit-reset" && (1..=3600).contains(&reset));
+    assert!((1..=3600).contains(&reset_of(&h)), "{h:?}");
+    // A refusing descriptor is reported, even after one left at 0 that admits (upstream's
+    // choice); the unlimited and the unmatched never are.
+    client.should_rate_limit(req()).await.unwrap();
+    let req =
+        request(vec![descriptor(&[("path", "/users/9/orders")]), descriptor(&[("remote_address", "h")])]);
+    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    let each: Vec<(Code, u32)> = r.statuses.iter().map(|s| (s.code(), s.limit_remaining)).collect();
+    assert_eq!(each, [(Code::Ok, 0), (Code::OverLimit, 0)]);
+    assert_eq!(
+        headers(&r)[..2],
+        [("RateLimit-Limit".into(), "2".into()), ("RateLimit-Remaining".into(), "0".into())]
+    );
+    let free = request(vec![descriptor(&[("path", "/health")]), descriptor(&[("path", "/nowhere")])]);
+    assert!(client.should_rate_limit(free).await.unwrap().into_inner().response_headers_to_add.is_empty());
     // Off by default.
     let (_plain, mut plain_client, _d, _) = start().await;
     let r = plain_client
@@ -731,7 +737,7 @@ async fn a_python_grpcio_client_speaks_the_same_wire() {
          or run scripts/test, which does",
         if std::env::var("CI").as_deref() == Ok("true") { " (CI=true)" } else { "" }
     );
-    let (_server, _client, dir, listen) = start().await;
+    let (_server, _client, dir, listen) = start_with(&["--envoy-response-headers"]).await;
     let out = dir.path().join("py");
     std::fs::create_dir_all(&out).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/envoy_wire.py");
