@@ -745,9 +745,9 @@ fn step<'a>(node: &'a Node, key: &str, value: &str) -> Option<(&'a Node, Option<
     node.children.get(key).map(|next| (next, None))
 }
 
-/// The node a request descriptor's entries lead to, level by level (see [`step`]); `None`
-/// when an entry matches nothing, when the request is deeper than the configuration, or when
-/// it has no entries.
+/// The node a request descriptor's entries lead to, level by level (exact, first wildcard, key
+/// alone); `None` when an entry matches nothing, when the request is deeper than the
+/// configuration, or when it has no entries.
 pub fn find<'a>(root: &'a Node, entries: &[(String, String)]) -> Option<Match<'a>> {
     let mut node = root;
     let mut shared = vec![None; entries.len()];

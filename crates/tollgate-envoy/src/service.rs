@@ -476,7 +476,7 @@ fn count_hits(labels: &[(&'static str, String); 2], hits: u64, shadow: bool, ove
 /// fewest remaining (the first of equals).
 fn response_headers(statuses: &[DescriptorStatus], refusing: &[bool]) -> Vec<HeaderValue> {
     let limited = || statuses.iter().zip(refusing).filter(|(s, _)| s.current_limit.is_some());
-    let chosen = match limited().filter(|(_, refuses)| **refuses).last() {
+    let chosen = match limited().rfind(|(_, refuses)| **refuses) {
         Some((s, _)) => s,
         None => match limited().min_by_key(|(s, _)| s.limit_remaining) {
             Some((s, _)) => s,

@@ -553,13 +553,15 @@ async fn the_yaml_is_reloaded_and_a_broken_one_refused() {
 
     // A block list added, then lifted.
     replace(&yaml, &reloaded_yaml(0));
-    let blocked =
-        eventually(Duration::from_secs(5), || async { reloaded_limit(&mut client.clone()).await == Some(0) });
+    let blocked = eventually(Duration::from_secs(10), || async {
+        reloaded_limit(&mut client.clone()).await == Some(0)
+    });
     assert!(blocked.await, "not reloaded:\n{}", server.logs());
     assert_eq!(codes(&mut client, one()).await.0, Code::OverLimit);
     replace(&yaml, &reloaded_yaml(1));
-    let lifted =
-        eventually(Duration::from_secs(5), || async { reloaded_limit(&mut client.clone()).await == Some(1) });
+    let lifted = eventually(Duration::from_secs(10), || async {
+        reloaded_limit(&mut client.clone()).await == Some(1)
+    });
     assert!(lifted.await, "not reloaded:\n{}", server.logs());
     assert_eq!(codes(&mut client, one()).await.0, Code::Ok);
     assert_eq!(codes(&mut client, one()).await.0, Code::OverLimit);
@@ -570,7 +572,7 @@ async fn the_yaml_is_reloaded_and_a_broken_one_refused() {
         "domain: edge\ndescriptors:\n  - key: reloaded\n    rate_limit: {unit: day, unlimited: true}\n",
     )
     .unwrap();
-    let refused = eventually(Duration::from_secs(5), || async {
+    let refused = eventually(Duration::from_secs(10), || async {
         server.logs().contains("Envoy configuration reload refused")
     });
     assert!(refused.await, "{}", server.logs());
@@ -608,13 +610,14 @@ async fn a_config_map_swap_is_reloaded() {
     assert_eq!(reloaded_limit(&mut client).await, Some(1));
 
     version(2, 7);
-    let swapped =
-        eventually(Duration::from_secs(5), || async { reloaded_limit(&mut client.clone()).await == Some(7) });
+    let swapped = eventually(Duration::from_secs(10), || async {
+        reloaded_limit(&mut client.clone()).await == Some(7)
+    });
     assert!(swapped.await, "not reloaded:\n{}", server.logs());
     // A file in a subfolder changing is seen too.
     std::fs::write(mount.join("local/extra.yaml"), "domain: edge\n").unwrap();
     let refused =
-        eventually(Duration::from_secs(5), || async { server.logs().contains("duplicate domain 'edge'") });
+        eventually(Duration::from_secs(10), || async { server.logs().contains("duplicate domain 'edge'") });
     assert!(refused.await, "{}", server.logs());
     assert_eq!(reloaded_limit(&mut client).await, Some(7), "the last good configuration stays");
 }
