@@ -634,21 +634,19 @@ fn read(text: &str, origin: &str) -> Result<(String, Vec<DescriptorSpec>, Vec<St
     let err = |message: String| EnvoyConfigError { origin: origin.to_owned(), message };
     let loading = |e: serde_yaml_ng::Error| err(format!("error loading config file: {e}"));
     let mut warnings = Vec::new();
-    match serde_yaml_ng::from_str::<Value>(text).map_err(loading)? {
-        Value::Mapping(map) => check_keys(&map, Place::Root, "", &mut warnings).map_err(err)?,
-        // An empty file has no domain.
-        Value::Null => {}
+    let spec: DomainSpec = match serde_yaml_ng::from_str::<Value>(text).map_err(loading)? {
+        Value::Mapping(map) => {
+            check_keys(&map, Place::Root, "", &mut warnings).map_err(err)?;
+            serde_yaml_ng::from_str(text).map_err(loading)?
+        }
+        // An empty file (or one of comments) has no domain.
+        Value::Null => DomainSpec { domain: None, descriptors: None },
         other => {
             return Err(err(format!(
                 "error loading config file: the file holds {}, not a map",
                 scalar_text(&other)
             )));
         }
-    }
-    let spec: DomainSpec = if text.trim().is_empty() {
-        DomainSpec { domain: None, descriptors: None }
-    } else {
-        serde_yaml_ng::from_str(text).map_err(loading)?
     };
     let name = spec.domain.unwrap_or_default();
     if name.is_empty() {
@@ -908,6 +906,7 @@ descriptors:
         assert!(e.contains("line 4"), "the parser's line: {e}");
         assert!(bad("domain: ''\n").contains("config file cannot have empty domain"));
         assert!(bad("").contains("config file cannot have empty domain"));
+        assert!(bad("# nothing but a comment\n").contains("config file cannot have empty domain"));
         assert!(bad("- a\n").contains("not a map"));
     }
 }
