@@ -184,6 +184,9 @@ pub struct Node {
     pub share_threshold: bool,
     /// Upstream's `metadata`, as written (accepted, not yet sent as dynamic metadata).
     pub metadata: Option<Value>,
+    /// The descriptor's `key` and `value` as written (empty for a domain's root).
+    key: String,
+    value: Option<String>,
     /// Children by `key_value` (or `key`).
     children: HashMap<String, Node>,
     /// The children whose `key_value` holds a `*`, in file order.
@@ -194,6 +197,12 @@ impl Node {
     /// Whether nothing nests under this node.
     pub fn is_leaf(&self) -> bool {
         self.children.is_empty()
+    }
+
+    /// The descriptors nested here: each one's `key`, `value` (`None` when it has none) and
+    /// node, in no particular order.
+    pub fn children(&self) -> impl Iterator<Item = (&str, Option<&str>, &Node)> {
+        self.children.values().map(|n| (n.key.as_str(), n.value.as_deref(), n))
     }
 }
 
@@ -568,6 +577,8 @@ fn node(path: &str, spec: &DescriptorSpec, joined: &str, depth: usize) -> Result
         )));
     }
     let mut out = Node {
+        key: spec.key.clone().unwrap_or_default(),
+        value: spec.value.clone().filter(|v| !v.is_empty()),
         shadow_mode: spec.shadow_mode,
         quota_mode: spec.quota_mode,
         detailed_metric: spec.detailed_metric,
