@@ -64,7 +64,10 @@ impl BenchAlgorithm {
 pub struct BenchArgs {
     /// What to load: redis://host:port (Tollgate's Redis client path, in this process; any URL
     /// `tollgate serve --redis` takes), http://host:port (a `tollgate serve`'s POST /v1/check),
-    /// or grpc://host:port (Envoy's ShouldRateLimit).
+    /// or grpc://host:port (Envoy's ShouldRateLimit, in the domain `tollgate-bench`: the
+    /// server's --envoy-config must declare that domain, a file holding `domain:
+    /// tollgate-bench`, or the request's limit is ignored as upstream ignores it and every
+    /// request is admitted).
     #[arg(long, value_name = "URL")]
     pub target: String,
     /// The algorithm deciding each request [default: fixed_window for a grpc target, whose

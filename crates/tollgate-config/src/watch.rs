@@ -42,7 +42,7 @@ pub fn watch(
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
     let dir = path.parent().map_or_else(|| PathBuf::from("."), Path::to_owned);
     let mut last = std::fs::read_to_string(&path).ok();
-    watch_dir(&dir, move || {
+    watch_dir(&dir, RecursiveMode::NonRecursive, move || {
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
             Err(source) => {
@@ -59,24 +59,31 @@ pub fn watch(
     })
 }
 
-/// Calls `on_change` (debounced) whenever something changes in the directory `path`, or in the
-/// directory of the file `path`: for other configuration files that reload the same way (such
-/// as the Envoy service's YAML). The callback reads and compares what it needs.
+/// Calls `on_change` (debounced) whenever something changes in the directory `path` or its
+/// subdirectories, or in the directory of the file `path`: for other configuration files that
+/// reload the same way (such as the Envoy service's YAML). The callback reads and compares what
+/// it needs.
 pub fn watch_path(path: &Path, on_change: impl FnMut() + Send + 'static) -> Result<Watcher, notify::Error> {
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
-    let dir =
-        if path.is_dir() { path } else { path.parent().map_or_else(|| PathBuf::from("."), Path::to_owned) };
-    watch_dir(&dir, on_change)
+    if path.is_dir() {
+        return watch_dir(&path, RecursiveMode::Recursive, on_change);
+    }
+    let dir = path.parent().map_or_else(|| PathBuf::from("."), Path::to_owned);
+    watch_dir(&dir, RecursiveMode::NonRecursive, on_change)
 }
 
-fn watch_dir(dir: &Path, mut on_change: impl FnMut() + Send + 'static) -> Result<Watcher, notify::Error> {
+fn watch_dir(
+    dir: &Path,
+    mode: RecursiveMode,
+    mut on_change: impl FnMut() + Send + 'static,
+) -> Result<Watcher, notify::Error> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         if event.is_ok() {
             let _ = tx.send(());
         }
     })?;
-    watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    watcher.watch(dir, mode)?;
     let task = tokio::spawn(async move {
         while rx.recv().await.is_some() {
             tokio::time::sleep(DEBOUNCE).await;

@@ -1,19 +1,32 @@
-//! envoyproxy/ratelimit's YAML configuration: `domain`, nested `descriptors`, `rate_limit` with
-//! `unit` and `requests_per_unit`, `unlimited`, `name`, `replaces`, `shadow_mode`,
-//! `detailed_metric`; and Tollgate's extensions: `algorithm`, `unit_multiplier`, `burst`, and a
-//! list of `rate_limits` on one descriptor.
+//! envoyproxy/ratelimit's YAML configuration, read and validated as upstream's loader
+//! (`src/config/config_impl.go`) reads it, plus Tollgate's extensions: `algorithm`,
+//! `unit_multiplier`, `burst`, and a list of `rate_limits` on one descriptor.
+//!
+//! What upstream does, and so what this does:
+//! - Every key of the file, at every level, must be one of upstream's keys (or Tollgate's);
+//!   `metadata`'s contents are free. An upstream key where upstream ignores it (`unit` on a
+//!   descriptor) is accepted with a warning; Tollgate's own keys must be where they mean
+//!   something.
+//! - A descriptor is stored under its key joined to its value (`key_value`, or `key` without a
+//!   value): two descriptors with the same join are duplicates.
+//! - `unit` is case-insensitive; `unlimited: true` takes no valid unit; `requests_per_unit` 0
+//!   or missing refuses every request (a block list); `replaces` may not be empty nor name its
+//!   own limit, and may name a limit that exists nowhere; `share_threshold` needs a `*`.
+//! - A `*` anywhere in a descriptor's `key_value` makes it a wildcard (each `*` matches any
+//!   run of characters). At each level a request entry matches its exact `key_value`, else the
+//!   first wildcard in file order, else its key alone.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
+use serde_yaml_ng::Value;
 use tollgate_core::{Period, Rule, RuleSet};
 
 /// Most descriptor levels a configuration nests.
 pub const MAX_DEPTH: usize = 16;
 
 /// A time unit of upstream's `rate_limit.unit`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unit {
     /// One second.
     Second,
@@ -32,6 +45,34 @@ pub enum Unit {
 }
 
 impl Unit {
+    /// The unit named `text`, in any case (`second`, `SECOND`, `Week`); `None` for anything
+    /// else, `unknown` included (upstream's `UNKNOWN` is no unit).
+    pub fn parse(text: &str) -> Option<Unit> {
+        Some(match text.to_ascii_uppercase().as_str() {
+            "SECOND" => Unit::Second,
+            "MINUTE" => Unit::Minute,
+            "HOUR" => Unit::Hour,
+            "DAY" => Unit::Day,
+            "WEEK" => Unit::Week,
+            "MONTH" => Unit::Month,
+            "YEAR" => Unit::Year,
+            _ => return None,
+        })
+    }
+
+    /// The unit's name in lower case.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
     /// The unit's length in seconds.
     pub fn seconds(self) -> u64 {
         match self {
@@ -91,117 +132,78 @@ pub enum LimitAlgorithm {
     Gcra,
 }
 
-/// `replaces: [{name: ...}]`.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Replaces {
-    /// The name of the limit replaced.
-    pub name: String,
-}
-
-/// One `rate_limit` (or one item of Tollgate's `rate_limits`).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RateLimitSpec {
-    /// The window's unit.
-    #[serde(default)]
-    pub unit: Option<Unit>,
-    /// Requests per window.
-    #[serde(default)]
-    pub requests_per_unit: Option<u64>,
-    /// Never limited (and not counted).
-    #[serde(default)]
-    pub unlimited: bool,
-    /// A name other limits can `replace`.
-    #[serde(default)]
-    pub name: Option<String>,
-    /// Limits this one replaces when both apply to one request.
-    #[serde(default)]
-    pub replaces: Vec<Replaces>,
-    /// Tollgate: the window is `unit` x this (windows such as 30 s or 5 min).
-    #[serde(default)]
-    pub unit_multiplier: Option<u64>,
-    /// Tollgate: the algorithm.
-    #[serde(default)]
-    pub algorithm: LimitAlgorithm,
-    /// Tollgate: the burst of `token_bucket` and `gcra`.
-    #[serde(default)]
-    pub burst: Option<u64>,
-}
-
-/// One node of the `descriptors` tree as written.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DescriptorSpec {
-    /// The entry key to match.
-    pub key: String,
-    /// The value to match; absent: any value (each counted apart). A trailing `*` matches any
-    /// value with that prefix.
-    #[serde(default)]
-    pub value: Option<String>,
-    /// The limit at this node.
-    #[serde(default)]
-    pub rate_limit: Option<RateLimitSpec>,
-    /// Tollgate: several limits at this node, all-or-nothing.
-    #[serde(default)]
-    pub rate_limits: Vec<RateLimitSpec>,
-    /// Deeper levels.
-    #[serde(default)]
-    pub descriptors: Vec<DescriptorSpec>,
-    /// Evaluated and counted, never refusing.
-    #[serde(default)]
-    pub shadow_mode: bool,
-    /// Metrics keyed by the full descriptor values (upstream's meaning).
-    #[serde(default)]
-    pub detailed_metric: bool,
-    /// Accepted for compatibility with newer upstream files; metrics always use the key path.
-    #[serde(default)]
-    pub value_to_metric: bool,
-}
-
-/// A whole file: one domain.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DomainSpec {
-    /// The domain requests name.
-    pub domain: String,
-    /// The top-level descriptors.
-    #[serde(default)]
-    pub descriptors: Vec<DescriptorSpec>,
+/// What a limit does with a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LimitKind {
+    /// `unlimited: true`: admitted, not counted.
+    Unlimited,
+    /// `requests_per_unit` 0 or missing: refused, not counted.
+    Block,
+    /// Counted under this rule.
+    Rule(Rule),
 }
 
 /// A validated limit.
 #[derive(Clone, Debug)]
 pub struct Limit {
-    /// Its name, if any.
+    /// Its name, if any (what other limits' `replaces` name).
     pub name: Option<String>,
-    /// `None`: unlimited.
-    pub rule: Option<Rule>,
+    /// Unlimited, a block, or a rule.
+    pub kind: LimitKind,
     /// As written, for the response's `current_limit`.
-    pub requests_per_unit: u64,
-    /// As written.
-    pub unit: Unit,
-    /// The window in seconds (`unit` x `unit_multiplier`).
+    pub requests_per_unit: u32,
+    /// As written; `None` only for an unlimited limit.
+    pub unit: Option<Unit>,
+    /// The window in seconds (`unit` x `unit_multiplier`; 0 when unlimited).
     pub window_secs: u64,
     /// Names this limit replaces.
     pub replaces: Vec<String>,
 }
 
+/// A wildcard child: its `key_value` and that text cut at each `*`.
+#[derive(Clone, Debug)]
+struct Wildcard {
+    joined: String,
+    parts: Vec<String>,
+}
+
 /// A validated node of the tree.
 #[derive(Clone, Debug, Default)]
 pub struct Node {
-    /// Limits at this node (all-or-nothing).
+    /// Limits at this node: none, one, or Tollgate's `rate_limits` (all checked together).
     pub limits: Vec<Limit>,
-    /// Never refusing.
+    /// Counted, never refusing.
     pub shadow_mode: bool,
-    /// Metrics with values.
+    /// Refuses the request only when every quota-mode descriptor of it is over its limit.
+    pub quota_mode: bool,
+    /// Metrics keyed by the request's values.
     pub detailed_metric: bool,
-    /// Children by `key` then exact `value`.
-    pub exact: BTreeMap<(String, String), Node>,
-    /// Children by `key` and value prefix (`value: "abc*"`), longest prefix first.
-    pub prefix: Vec<(String, String, Node)>,
-    /// Children by `key` alone (any value).
-    pub any: BTreeMap<String, Node>,
+    /// Upstream's `value_to_metric` (accepted; Tollgate's metrics use `detailed_metric` alone).
+    pub value_to_metric: bool,
+    /// Values matching this node's wildcard share one counter.
+    pub share_threshold: bool,
+    /// Upstream's `metadata`, as written (accepted, not yet sent as dynamic metadata).
+    pub metadata: Option<Value>,
+    /// The descriptor's `key` and `value` as written (empty for a domain's root).
+    key: String,
+    value: Option<String>,
+    /// Children by `key_value` (or `key`).
+    children: HashMap<String, Node>,
+    /// The children whose `key_value` holds a `*`, in file order.
+    wildcards: Vec<Wildcard>,
+}
+
+impl Node {
+    /// Whether nothing nests under this node.
+    pub fn is_leaf(&self) -> bool {
+        self.children.is_empty()
+    }
+
+    /// The descriptors nested here: each one's `key`, `value` (`None` when it has none) and
+    /// node, in no particular order.
+    pub fn children(&self) -> impl Iterator<Item = (&str, Option<&str>, &Node)> {
+        self.children.values().map(|n| (n.key.as_str(), n.value.as_deref(), n))
+    }
 }
 
 /// A validated domain.
@@ -219,134 +221,558 @@ pub struct Domain {
 pub struct EnvoyConfigError {
     /// The file.
     pub origin: String,
-    /// What is wrong, with the descriptor path.
+    /// What is wrong, with where it is (the descriptor path, or the YAML parser's line).
     pub message: String,
 }
 
-fn limit(path: &str, spec: &RateLimitSpec) -> Result<Limit, String> {
-    let at = |m: String| format!("{path}: {m}");
-    let unit = spec.unit.ok_or_else(|| at("rate_limit needs a unit".into()))?;
-    if spec.unlimited {
-        return Ok(Limit {
-            name: spec.name.clone(),
-            rule: None,
-            requests_per_unit: 0,
-            unit,
-            window_secs: unit.seconds(),
-            replaces: spec.replaces.iter().map(|r| r.name.clone()).collect(),
-        });
+// -------------------------------------------------------------------------------------------
+// The file as written
+
+/// A scalar's text as upstream reads it into a string field: `value: 911` is `"911"`.
+fn text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    struct Text;
+    impl<'de> serde::de::Visitor<'de> for Text {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a scalar")
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            // serde_yaml_ng hands a plain scalar's source text to `deserialize_str`.
+            String::deserialize(d).map(Some)
+        }
     }
-    let n = spec.requests_per_unit.ok_or_else(|| at("rate_limit needs requests_per_unit".into()))?;
+    d.deserialize_option(Text)
+}
+
+/// A boolean as yaml.v2 (YAML 1.1) reads one: `true`, `yes`, `on`, `y` and their opposites;
+/// empty or null is false.
+fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    let Some(word) = text(d)? else { return Ok(false) };
+    match word.as_str() {
+        "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "true" | "True" | "TRUE" => Ok(true),
+        "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "false" | "False" | "FALSE" => Ok(false),
+        _ => Err(serde::de::Error::custom(format!("{word:?} is not a boolean"))),
+    }
+}
+
+/// `replaces: [{name: ...}]`.
+#[derive(Debug, Deserialize)]
+struct ReplacesSpec {
+    #[serde(default, deserialize_with = "text")]
+    name: Option<String>,
+}
+
+/// One `rate_limit` (or one item of Tollgate's `rate_limits`).
+#[derive(Debug, Default, Deserialize)]
+struct RateLimitSpec {
+    #[serde(default, deserialize_with = "text")]
+    unit: Option<String>,
+    #[serde(default)]
+    requests_per_unit: Option<u32>,
+    #[serde(default, deserialize_with = "flag")]
+    unlimited: bool,
+    #[serde(default, deserialize_with = "text")]
+    name: Option<String>,
+    #[serde(default)]
+    replaces: Option<Vec<ReplacesSpec>>,
+    #[serde(default)]
+    unit_multiplier: Option<u64>,
+    #[serde(default)]
+    algorithm: Option<LimitAlgorithm>,
+    #[serde(default)]
+    burst: Option<u64>,
+}
+
+/// One node of the `descriptors` tree as written.
+#[derive(Debug, Deserialize)]
+struct DescriptorSpec {
+    #[serde(default, deserialize_with = "text")]
+    key: Option<String>,
+    #[serde(default, deserialize_with = "text")]
+    value: Option<String>,
+    #[serde(default)]
+    rate_limit: Option<RateLimitSpec>,
+    #[serde(default)]
+    rate_limits: Option<Vec<RateLimitSpec>>,
+    #[serde(default)]
+    descriptors: Option<Vec<DescriptorSpec>>,
+    #[serde(default, deserialize_with = "flag")]
+    shadow_mode: bool,
+    #[serde(default, deserialize_with = "flag")]
+    quota_mode: bool,
+    #[serde(default, deserialize_with = "flag")]
+    detailed_metric: bool,
+    #[serde(default, deserialize_with = "flag")]
+    value_to_metric: bool,
+    #[serde(default, deserialize_with = "flag")]
+    share_threshold: bool,
+    #[serde(default)]
+    metadata: Option<Value>,
+}
+
+/// A whole file: one domain.
+#[derive(Debug, Deserialize)]
+struct DomainSpec {
+    #[serde(default, deserialize_with = "text")]
+    domain: Option<String>,
+    #[serde(default)]
+    descriptors: Option<Vec<DescriptorSpec>>,
+}
+
+// -------------------------------------------------------------------------------------------
+// Upstream's key check
+
+/// Upstream's keys: valid anywhere in a file (upstream checks names, not places).
+const UPSTREAM_KEYS: [&str; 16] = [
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+
+/// Where a mapping sits, for which keys mean something in it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Root,
+    Descriptor,
+    RateLimit,
+    Replaces,
+    /// Under a key that holds no mapping in the format (upstream still checks its keys).
+    Elsewhere,
+}
+
+impl Place {
+    fn keys(self) -> &'static [&'static str] {
+        match self {
+            Place::Root => &["domain", "descriptors"],
+            Place::Descriptor => &[
+                "key",
+                "value",
+                "rate_limit",
+                "rate_limits",
+                "descriptors",
+                "shadow_mode",
+                "quota_mode",
+                "detailed_metric",
+                "value_to_metric",
+                "share_threshold",
+                "metadata",
+            ],
+            Place::RateLimit => &[
+                "unit",
+                "requests_per_unit",
+                "unlimited",
+                "name",
+                "replaces",
+                "unit_multiplier",
+                "algorithm",
+                "burst",
+            ],
+            Place::Replaces => &["name"],
+            Place::Elsewhere => &[],
+        }
+    }
+
+    /// Where the value under `key` sits.
+    fn under(key: &str) -> Place {
+        match key {
+            "descriptors" => Place::Descriptor,
+            "rate_limit" | "rate_limits" => Place::RateLimit,
+            "replaces" => Place::Replaces,
+            _ => Place::Elsewhere,
+        }
+    }
+}
+
+/// Tollgate's keys, valid only where they mean something.
+const TOLLGATE_KEYS: [&str; 4] = ["rate_limits", "unit_multiplier", "algorithm", "burst"];
+
+/// Checks every key of `map` and below as upstream's `validateYamlKeys` does; an upstream key
+/// where it means nothing is a warning.
+fn check_keys(
+    map: &serde_yaml_ng::Mapping,
+    place: Place,
+    at: &str,
+    warnings: &mut Vec<String>,
+) -> Result<(), String> {
+    for (k, v) in map {
+        let Some(key) = k.as_str() else {
+            return Err(format!("config error, key is not of type string: {} (at {at})", scalar_text(k)));
+        };
+        let here = if at.is_empty() { key.to_owned() } else { format!("{at}.{key}") };
+        let upstream = UPSTREAM_KEYS.contains(&key);
+        if !upstream && !TOLLGATE_KEYS.contains(&key) {
+            return Err(format!("config error, unknown key '{key}' (at {here})"));
+        }
+        if place != Place::Elsewhere && !place.keys().contains(&key) {
+            if !upstream {
+                return Err(format!("config error, '{key}' does not belong here (at {here})"));
+            }
+            warnings
+                .push(format!("{here}: '{key}' means nothing here and is ignored, as upstream ignores it"));
+        }
+        if key == "metadata" {
+            // Free-form, as upstream: whatever YAML holds becomes a protobuf Struct.
+            continue;
+        }
+        let inner = if place == Place::Elsewhere { Place::Elsewhere } else { Place::under(key) };
+        check_value(v, inner, &here, warnings)?;
+    }
+    Ok(())
+}
+
+fn check_value(v: &Value, place: Place, at: &str, warnings: &mut Vec<String>) -> Result<(), String> {
+    match v {
+        Value::Sequence(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let Value::Mapping(map) = item else {
+                    return Err(format!(
+                        "config error, yaml file contains list of type other than map: {} (at {at}[{i}])",
+                        scalar_text(item)
+                    ));
+                };
+                check_keys(map, place, &format!("{at}[{i}]"), warnings)?;
+            }
+            Ok(())
+        }
+        Value::Mapping(map) => {
+            // `rate_limit` holds one mapping; `descriptors` and `replaces` hold lists, and
+            // upstream checks a mapping's keys wherever it sits.
+            let place = if place == Place::RateLimit { place } else { Place::Elsewhere };
+            check_keys(map, place, at, warnings)
+        }
+        // yaml.v2's leaf types: strings, integers (64-bit), booleans, null.
+        Value::String(_) | Value::Bool(_) | Value::Null => Ok(()),
+        Value::Number(n) if n.is_i64() => Ok(()),
+        Value::Number(_) => {
+            Err(format!("error checking config: {} is not an integer (at {at})", scalar_text(v)))
+        }
+        Value::Tagged(tagged) => check_value(&tagged.value, place, at, warnings),
+    }
+}
+
+/// A short rendering of a YAML value for an error message.
+fn scalar_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::Null => "null".into(),
+        Value::Sequence(_) => "a list".into(),
+        Value::Mapping(_) => "a map".into(),
+        Value::Tagged(t) => format!("{} {}", t.tag, scalar_text(&t.value)),
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// Building the tree
+
+fn limit(spec: &RateLimitSpec) -> Result<Limit, String> {
+    let unit_text = spec.unit.as_deref().unwrap_or("");
+    let unit = Unit::parse(unit_text);
+    let name = spec.name.clone().filter(|n| !n.is_empty());
+    let replaces: Vec<String> =
+        spec.replaces.iter().flatten().map(|r| r.name.clone().unwrap_or_default()).collect();
+    if spec.unlimited && unit.is_some() {
+        return Err("should not specify rate limit unit when unlimited".into());
+    }
+    if !spec.unlimited && unit.is_none() {
+        return Err(format!("invalid rate limit unit '{unit_text}'"));
+    }
+    for r in &replaces {
+        if r.is_empty() {
+            return Err("should not have an empty replaces entry".into());
+        }
+        if Some(r) == spec.name.as_ref() {
+            return Err("replaces should not contain name of same descriptor".into());
+        }
+    }
+    let requests_per_unit = spec.requests_per_unit.unwrap_or(0);
+    let extended = spec.algorithm.is_some() || spec.unit_multiplier.is_some() || spec.burst.is_some();
+    let Some(unit) = unit else {
+        if extended {
+            return Err("an unlimited limit takes no algorithm, unit_multiplier nor burst".into());
+        }
+        return Ok(Limit {
+            name,
+            kind: LimitKind::Unlimited,
+            requests_per_unit,
+            unit: None,
+            window_secs: 0,
+            replaces,
+        });
+    };
     let multiplier = spec.unit_multiplier.unwrap_or(1);
     if multiplier == 0 {
-        return Err(at("unit_multiplier must be at least 1".into()));
+        return Err("unit_multiplier must be at least 1".into());
     }
     let period = unit
         .seconds()
         .checked_mul(multiplier)
         .and_then(|s| Period::from_secs(s).ok())
-        .ok_or_else(|| at("the window (unit x unit_multiplier) must be at most a year".into()))?;
-    let rule = match spec.algorithm {
+        .ok_or("the window (unit x unit_multiplier) must be at most a year")?;
+    let window_secs = period.as_duration().as_secs();
+    if requests_per_unit == 0 {
+        return Ok(Limit {
+            name,
+            kind: LimitKind::Block,
+            requests_per_unit,
+            unit: Some(unit),
+            window_secs,
+            replaces,
+        });
+    }
+    let n = u64::from(requests_per_unit);
+    let rule = match spec.algorithm.unwrap_or_default() {
         LimitAlgorithm::FixedWindow => Rule::fixed_window(n, period),
         LimitAlgorithm::SlidingWindowLog => Rule::sliding_window_log(n, period),
         LimitAlgorithm::SlidingWindowCounter => Rule::sliding_window_counter(n, period),
         LimitAlgorithm::TokenBucket => Rule::token_bucket(spec.burst.unwrap_or(n), n, period),
         LimitAlgorithm::Gcra => Rule::gcra(n, period, spec.burst.unwrap_or(1)),
     };
-    let rule = match &spec.name {
+    let rule = match &name {
         Some(name) => rule.named(name.clone()),
         None => rule,
     };
-    // Validated alone here (limits, exactness); sets are built per request.
-    RuleSet::new([rule.clone()]).map_err(|e| at(e.to_string()))?;
+    // Validated alone here (bounds, exactness); a node's limits together below.
+    RuleSet::new([rule.clone()]).map_err(|e| e.to_string())?;
     Ok(Limit {
-        name: spec.name.clone(),
-        rule: Some(rule),
-        requests_per_unit: n,
-        unit,
-        window_secs: period.as_duration().as_secs(),
-        replaces: spec.replaces.iter().map(|r| r.name.clone()).collect(),
+        name,
+        kind: LimitKind::Rule(rule),
+        requests_per_unit,
+        unit: Some(unit),
+        window_secs,
+        replaces,
     })
 }
 
-fn node(path: &str, spec: &DescriptorSpec, depth: usize) -> Result<Node, String> {
+/// One descriptor as written, validated, under `path` (upstream's dotted key path, such as
+/// `edge.path_/api*.`).
+fn node(path: &str, spec: &DescriptorSpec, joined: &str, depth: usize) -> Result<Node, String> {
+    let at = |m: String| format!("{m} (at '{path}{joined}')");
     if depth > MAX_DEPTH {
-        return Err(format!("{path}: descriptors nest deeper than {MAX_DEPTH} levels"));
+        return Err(at(format!("descriptors nest deeper than {MAX_DEPTH} levels")));
     }
-    let mut out =
-        Node { shadow_mode: spec.shadow_mode, detailed_metric: spec.detailed_metric, ..Node::default() };
-    if spec.rate_limit.is_some() && !spec.rate_limits.is_empty() {
-        return Err(format!("{path}: give rate_limit or rate_limits, not both"));
+    if spec.share_threshold && !joined.contains('*') {
+        return Err(at(format!(
+            "share_threshold can only be used with wildcard values (containing '*'), but found key '{joined}'"
+        )));
     }
-    for l in spec.rate_limit.iter().chain(&spec.rate_limits) {
-        out.limits.push(limit(path, l)?);
+    let mut out = Node {
+        key: spec.key.clone().unwrap_or_default(),
+        value: spec.value.clone().filter(|v| !v.is_empty()),
+        shadow_mode: spec.shadow_mode,
+        quota_mode: spec.quota_mode,
+        detailed_metric: spec.detailed_metric,
+        value_to_metric: spec.value_to_metric,
+        share_threshold: spec.share_threshold,
+        metadata: spec.metadata.clone().filter(|m| !m.is_null()),
+        ..Node::default()
+    };
+    let list = spec.rate_limits.as_deref().unwrap_or_default();
+    if spec.rate_limit.is_some() && !list.is_empty() {
+        return Err(at("give rate_limit or rate_limits, not both".into()));
     }
-    // The node's limits are checked together at every request: they must form a rule set.
-    let rules: Vec<Rule> = out.limits.iter().filter_map(|l| l.rule.clone()).collect();
-    if !rules.is_empty() {
-        RuleSet::new(rules).map_err(|e| format!("{path}: rate_limits: {e}"))?;
+    for l in spec.rate_limit.iter().chain(list) {
+        let built = limit(l).map_err(at)?;
+        if built.kind == LimitKind::Unlimited && spec.rate_limit.is_none() {
+            return Err(at("rate_limits takes limits, not unlimited".into()));
+        }
+        out.limits.push(built);
     }
-    children(path, &spec.descriptors, depth + 1, &mut out)?;
+    // A node's limits are checked together at every request: they must form a rule set.
+    let rules: Vec<Rule> = out
+        .limits
+        .iter()
+        .filter_map(|l| match &l.kind {
+            LimitKind::Rule(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect();
+    if rules.len() > 1 {
+        RuleSet::new(rules).map_err(|e| at(format!("rate_limits: {e}")))?;
+    }
+    let inner = format!("{path}{joined}.");
+    add_children(&mut out, &inner, spec.descriptors.as_deref().unwrap_or_default(), depth + 1)?;
     Ok(out)
 }
 
-fn children(path: &str, specs: &[DescriptorSpec], depth: usize, into: &mut Node) -> Result<(), String> {
-    for child in specs {
-        let child_path = match &child.value {
-            Some(v) => format!("{path}/{}={v}", child.key),
-            None => format!("{path}/{}", child.key),
-        };
-        let built = node(&child_path, child, depth)?;
-        let duplicate = match &child.value {
-            Some(v) if v.ends_with('*') => {
-                let prefix = v.trim_end_matches('*').to_owned();
-                let dup = into.prefix.iter().any(|(k, p, _)| *k == child.key && *p == prefix);
-                into.prefix.push((child.key.clone(), prefix, built));
-                dup
-            }
-            Some(v) => into.exact.insert((child.key.clone(), v.clone()), built).is_some(),
-            None => into.any.insert(child.key.clone(), built).is_some(),
-        };
-        if duplicate {
-            return Err(format!("{child_path}: the same descriptor is defined twice"));
+/// Adds `specs` under `into` (a domain's root when files of one domain are merged).
+fn add_children(into: &mut Node, path: &str, specs: &[DescriptorSpec], depth: usize) -> Result<(), String> {
+    for spec in specs {
+        let key = spec.key.as_deref().unwrap_or_default();
+        if key.is_empty() {
+            return Err(format!("descriptor has empty key (under '{path}')"));
         }
+        let joined = match spec.value.as_deref() {
+            Some(v) if !v.is_empty() => format!("{key}_{v}"),
+            _ => key.to_owned(),
+        };
+        if into.children.contains_key(&joined) {
+            return Err(format!("duplicate descriptor composite key '{path}{joined}'"));
+        }
+        let built = node(path, spec, &joined, depth)?;
+        if joined.contains('*') {
+            let parts = joined.split('*').map(str::to_owned).collect();
+            into.wildcards.push(Wildcard { joined: joined.clone(), parts });
+        }
+        into.children.insert(joined, built);
     }
-    // Most specific first: the longest prefix wins.
-    into.prefix.sort_by_key(|(_, prefix, _)| std::cmp::Reverse(prefix.len()));
     Ok(())
+}
+
+/// Reads one file as upstream does: its keys checked, then its fields; `origin` names it in
+/// errors. Answers the domain's name and descriptors, and warnings.
+fn read(text: &str, origin: &str) -> Result<(String, Vec<DescriptorSpec>, Vec<String>), EnvoyConfigError> {
+    let err = |message: String| EnvoyConfigError { origin: origin.to_owned(), message };
+    let loading = |e: serde_yaml_ng::Error| err(format!("error loading config file: {e}"));
+    let mut warnings = Vec::new();
+    let spec: DomainSpec = match serde_yaml_ng::from_str::<Value>(text).map_err(loading)? {
+        Value::Mapping(map) => {
+            check_keys(&map, Place::Root, "", &mut warnings).map_err(err)?;
+            serde_yaml_ng::from_str(text).map_err(loading)?
+        }
+        // An empty file (or one of comments) has no domain.
+        Value::Null => DomainSpec { domain: None, descriptors: None },
+        other => {
+            return Err(err(format!(
+                "error loading config file: the file holds {}, not a map",
+                scalar_text(&other)
+            )));
+        }
+    };
+    let name = spec.domain.unwrap_or_default();
+    if name.is_empty() {
+        return Err(err("config file cannot have empty domain".into()));
+    }
+    let warnings = warnings.into_iter().map(|w| format!("{origin}: {w}")).collect();
+    Ok((name, spec.descriptors.unwrap_or_default(), warnings))
 }
 
 impl Domain {
     /// Parses and validates one YAML file; `origin` names it in errors.
     pub fn from_yaml(text: &str, origin: &str) -> Result<Domain, EnvoyConfigError> {
-        let err = |message: String| EnvoyConfigError { origin: origin.to_owned(), message };
-        let spec: DomainSpec = serde_yaml_ng::from_str(text).map_err(|e| err(e.to_string()))?;
-        if spec.domain.is_empty() {
-            return Err(err("domain must not be empty".into()));
-        }
-        let mut root = Node::default();
-        children(&spec.domain, &spec.descriptors, 1, &mut root).map_err(err)?;
-        Ok(Domain { name: spec.domain, root })
+        let mut config = Config::default();
+        config.add_file(text, origin, false)?;
+        Ok(config.domains.pop().unwrap_or_else(|| unreachable!("a file adds one domain")))
     }
 }
 
-/// The node a request descriptor's entries lead to, most specific match at each level: an
-/// exact value, then the longest matching `prefix*`, then the key alone.
-pub fn find<'a>(root: &'a Node, entries: &[(String, String)]) -> Option<&'a Node> {
-    let mut node = root;
-    for (key, value) in entries {
-        node = node
-            .exact
-            .get(&(key.clone(), value.clone()))
-            .or_else(|| {
-                node.prefix
-                    .iter()
-                    .find(|(k, p, _)| k == key && value.starts_with(p.as_str()))
-                    .map(|(_, _, n)| n)
-            })
-            .or_else(|| node.any.get(key))?;
+/// Every domain of a set of files, and what was noticed while reading them.
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    /// The domains, in the order their first file was read.
+    pub domains: Vec<Domain>,
+    /// Upstream keys found where they mean nothing (accepted, as upstream accepts them).
+    pub warnings: Vec<String>,
+}
+
+impl Config {
+    /// Adds one file's domain. A domain already read is refused, or with `merge` (upstream's
+    /// `MERGE_DOMAIN_CONFIG`) gets this file's descriptors too (a descriptor defined by both is
+    /// refused).
+    pub fn add_file(&mut self, text: &str, origin: &str, merge: bool) -> Result<(), EnvoyConfigError> {
+        let (name, descriptors, warnings) = read(text, origin)?;
+        let err = |message: String| EnvoyConfigError { origin: origin.to_owned(), message };
+        let path = format!("{name}.");
+        match self.domains.iter_mut().find(|d| d.name == name) {
+            Some(_) if !merge => return Err(err(format!("duplicate domain '{name}' in config file"))),
+            Some(domain) => add_children(&mut domain.root, &path, &descriptors, 1).map_err(err)?,
+            None => {
+                let mut root = Node::default();
+                add_children(&mut root, &path, &descriptors, 1).map_err(err)?;
+                self.domains.push(Domain { name, root });
+            }
+        }
+        self.warnings.extend(warnings);
+        Ok(())
     }
-    Some(node)
+}
+
+// -------------------------------------------------------------------------------------------
+// Matching
+
+/// Whether `text` matches a wildcard cut at its `*`s: it starts with the first part, ends with
+/// the last, and holds the parts between in order (each `*` matches any run, empty included).
+fn wildcard_match(parts: &[String], text: &str) -> bool {
+    let [first, middle @ .., last] = parts else {
+        return parts.first().is_some_and(|p| p == text);
+    };
+    if text.len() < parts.iter().map(String::len).sum::<usize>() {
+        return false;
+    }
+    let Some(mut rest) = text.strip_prefix(first.as_str()).and_then(|r| r.strip_suffix(last.as_str())) else {
+        return false;
+    };
+    for part in middle {
+        match rest.find(part.as_str()) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// What a request descriptor matched: the node its entries lead to and, per entry, the
+/// wildcard value that entry is counted under when its node shares a threshold.
+#[derive(Debug)]
+pub struct Match<'a> {
+    /// The node of the last entry.
+    pub node: &'a Node,
+    /// Per entry: `Some(pattern)` when the entry matched a `share_threshold` wildcard.
+    pub shared: Vec<Option<&'a str>>,
+}
+
+/// The child of `node` an entry leads to: its exact `key_value`, else the first wildcard that
+/// matches it, else its key alone. The wildcard's `key_value` when one matched.
+fn step<'a>(node: &'a Node, key: &str, value: &str) -> Option<(&'a Node, Option<&'a str>)> {
+    let joined = format!("{key}_{value}");
+    if let Some(next) = node.children.get(&joined) {
+        return Some((next, None));
+    }
+    if let Some(w) = node.wildcards.iter().find(|w| wildcard_match(&w.parts, &joined)) {
+        return node.children.get(&w.joined).map(|next| (next, Some(w.joined.as_str())));
+    }
+    node.children.get(key).map(|next| (next, None))
+}
+
+/// The node a request descriptor's entries lead to, level by level (exact, first wildcard, key
+/// alone); `None` when an entry matches nothing, when the request is deeper than the
+/// configuration, or when it has no entries.
+pub fn find<'a>(root: &'a Node, entries: &[(String, String)]) -> Option<Match<'a>> {
+    let mut node = root;
+    let mut shared = vec![None; entries.len()];
+    for (i, (key, value)) in entries.iter().enumerate() {
+        let (next, wildcard) = step(node, key, value)?;
+        if let Some(joined) = wildcard.filter(|_| next.share_threshold) {
+            // The pattern's value part, as upstream trims the entry's key from it.
+            let prefix = format!("{key}_");
+            shared[i] = Some(joined.strip_prefix(prefix.as_str()).unwrap_or(joined));
+        }
+        if i + 1 < entries.len() && next.is_leaf() {
+            return None;
+        }
+        node = next;
+    }
+    (!entries.is_empty()).then_some(Match { node, shared })
 }
 
 #[cfg(test)]
@@ -360,22 +786,22 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 10}
   - key: path
     value: /login
-    rate_limit: {unit: minute, requests_per_unit: 5, name: login}
+    rate_limit: {unit: MINUTE, requests_per_unit: 5, name: login}
   - key: path
     value: /api/*
     rate_limit: {unit: hour, requests_per_unit: 1000}
   - key: path
     value: /api/admin*
-    rate_limit: {unit: hour, requests_per_unit: 10}
+    rate_limit: {unit: Hour, requests_per_unit: 10}
   - key: path
     value: /health
-    rate_limit: {unit: second, unlimited: true}
+    rate_limit: {unlimited: true}
   - key: user
     descriptors:
       - key: plan
         value: free
         rate_limit: {unit: day, requests_per_unit: 100, replaces: [{name: login}]}
-        shadow_mode: true
+        shadow_mode: yes
       - key: plan
   - key: tenant
     value: acme
@@ -388,53 +814,110 @@ descriptors:
         pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
     }
 
-    fn limits(d: &Domain, pairs: &[(&str, &str)]) -> Option<Vec<u64>> {
-        find(&d.root, &entries(pairs)).map(|n| n.limits.iter().map(|l| l.requests_per_unit).collect())
+    fn limits(d: &Domain, pairs: &[(&str, &str)]) -> Option<Vec<u32>> {
+        find(&d.root, &entries(pairs)).map(|m| m.node.limits.iter().map(|l| l.requests_per_unit).collect())
     }
 
     #[test]
-    fn the_most_specific_descriptor_wins() {
+    fn exact_then_the_first_wildcard_then_the_key_alone() {
         let d = Domain::from_yaml(UPSTREAM, "t.yaml").unwrap();
         assert_eq!(limits(&d, &[("remote_address", "10.0.0.1")]), Some(vec![10]), "key alone: any value");
         assert_eq!(limits(&d, &[("path", "/login")]), Some(vec![5]), "exact value");
-        assert_eq!(limits(&d, &[("path", "/api/orders")]), Some(vec![1000]), "prefix");
-        assert_eq!(limits(&d, &[("path", "/api/admin/users")]), Some(vec![10]), "the longest prefix");
+        assert_eq!(limits(&d, &[("path", "/api/orders")]), Some(vec![1000]), "wildcard");
+        assert_eq!(
+            limits(&d, &[("path", "/api/admin/users")]),
+            Some(vec![1000]),
+            "the first wildcard in file order, not the longest"
+        );
         assert_eq!(limits(&d, &[("path", "/elsewhere")]), None, "no match: no limit");
         assert_eq!(limits(&d, &[("user", "u1"), ("plan", "free")]), Some(vec![100]));
         assert_eq!(limits(&d, &[("user", "u1"), ("plan", "pro")]), Some(vec![]), "a node without a limit");
         assert_eq!(limits(&d, &[("user", "u1")]), Some(vec![]));
         assert_eq!(limits(&d, &[("user", "u1"), ("plan", "free"), ("deeper", "x")]), None);
         assert_eq!(limits(&d, &[("tenant", "acme")]), Some(vec![30, 100]));
+        assert_eq!(limits(&d, &[]), None, "no entries, no limit");
+    }
+
+    #[test]
+    fn wildcards_match_anywhere_in_a_value() {
+        let parts = |p: &str| p.split('*').map(str::to_owned).collect::<Vec<_>>();
+        let yes = |p: &str, t: &str| assert!(wildcard_match(&parts(p), t), "{p} should match {t}");
+        let no = |p: &str, t: &str| assert!(!wildcard_match(&parts(p), t), "{p} should not match {t}");
+        yes("k_bar*b", "k_barb");
+        yes("k_bar*b", "k_barxyzb");
+        no("k_bar*b", "k_barbx");
+        no("k_bar*b", "k_bar");
+        yes("k_foo*bar*baz", "k_foobarbaz");
+        yes("k_foo*bar*baz", "k_foo1bar2baz");
+        no("k_foo*bar*baz", "k_foobazbar");
+        no("k_foo*bar*baz", "k_foobarba");
+        // The middle part must lie between the first and the last: "ab" is not "a" + "b" + "ab".
+        no("k_a*b*ab", "k_ab");
+        yes("k_*", "k_");
+        yes("k_x", "k_x");
+        no("k_x", "k_y");
+    }
+
+    #[test]
+    fn shared_thresholds_name_the_pattern() {
+        let d = Domain::from_yaml(
+            "domain: d\ndescriptors:\n  - key: files\n    value: files/*\n    share_threshold: true\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: other\n    value: o*\n    rate_limit: {unit: hour, requests_per_unit: 10}\n",
+            "s.yaml",
+        )
+        .unwrap();
+        let m = find(&d.root, &entries(&[("files", "files/a.pdf")])).unwrap();
+        assert_eq!(m.shared, [Some("files/*")]);
+        let m = find(&d.root, &entries(&[("other", "o1")])).unwrap();
+        assert_eq!(m.shared, [None], "without share_threshold each value counts apart");
     }
 
     #[test]
     fn extensions_build_the_engine_rules() {
         let d = Domain::from_yaml(UPSTREAM, "t.yaml").unwrap();
-        let node = find(&d.root, &entries(&[("tenant", "acme")])).unwrap();
-        let rules: Vec<_> = node.limits.iter().map(|l| l.rule.clone().unwrap()).collect();
-        assert_eq!(rules[0], Rule::sliding_window_counter(30, Period::from_secs(30).unwrap()));
-        assert_eq!(rules[1], Rule::gcra(100, Period::MINUTE, 20));
-        let health = find(&d.root, &entries(&[("path", "/health")])).unwrap();
-        assert!(health.limits[0].rule.is_none(), "unlimited");
-        let free = find(&d.root, &entries(&[("user", "u"), ("plan", "free")])).unwrap();
-        assert!(free.shadow_mode);
+        let node = find(&d.root, &entries(&[("tenant", "acme")])).unwrap().node;
+        let rules: Vec<_> = node.limits.iter().map(|l| l.kind.clone()).collect();
+        assert_eq!(
+            rules,
+            [
+                LimitKind::Rule(Rule::sliding_window_counter(30, Period::from_secs(30).unwrap())),
+                LimitKind::Rule(Rule::gcra(100, Period::MINUTE, 20))
+            ]
+        );
+        let health = find(&d.root, &entries(&[("path", "/health")])).unwrap().node;
+        assert_eq!(health.limits[0].kind, LimitKind::Unlimited);
+        let free = find(&d.root, &entries(&[("user", "u"), ("plan", "free")])).unwrap().node;
+        assert!(free.shadow_mode, "yes is true, as yaml.v2 reads it");
         assert_eq!(free.limits[0].replaces, ["login"]);
     }
 
     #[test]
-    fn mistakes_are_refused_with_their_descriptor() {
+    fn scalars_are_read_as_their_text() {
+        let d = Domain::from_yaml(
+            "domain: 42\ndescriptors:\n  - key: code\n    value: 007\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+            "n.yaml",
+        )
+        .unwrap();
+        assert_eq!(d.name, "42");
+        assert!(find(&d.root, &entries(&[("code", "007")])).is_some(), "007 stays 007");
+    }
+
+    #[test]
+    fn mistakes_are_refused_with_their_reason() {
         let bad = |yaml: &str| Domain::from_yaml(yaml, "b.yaml").unwrap_err().to_string();
-        assert!(
-            bad("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}\n")
-                .contains("d/k: rate_limit needs requests_per_unit")
+        let e = bad(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
         );
-        assert!(bad("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").contains("fortnight"));
-        assert!(bad("domain: d\ndescriptors:\n  - key: k\n    colour: red\n").contains("colour"));
+        assert!(e.starts_with("b.yaml: invalid rate limit unit 'fortnight'"), "{e}");
         assert!(
-            bad("domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n")
-                .contains("defined twice")
+            bad("domain: d\ndescriptors:\n  - key: k\n    colour: red\n").contains("unknown key 'colour'")
         );
-        assert!(bad("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, unit_multiplier: 2}\n").contains("at most a year"));
-        assert!(bad("domain: ''\n").contains("domain must not be empty"));
+        let e = bad(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
+        );
+        assert!(e.contains("line 4"), "the parser's line: {e}");
+        assert!(bad("domain: ''\n").contains("config file cannot have empty domain"));
+        assert!(bad("").contains("config file cannot have empty domain"));
+        assert!(bad("# nothing but a comment\n").contains("config file cannot have empty domain"));
+        assert!(bad("- a\n").contains("not a map"));
     }
 }

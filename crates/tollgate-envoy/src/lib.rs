@@ -10,39 +10,53 @@ pub mod json;
 mod server;
 mod service;
 
-pub use config::{Domain, EnvoyConfigError};
+pub use config::{Config, Domain, EnvoyConfigError};
 pub use server::EnvoyServer;
-pub use service::{EnvoyService, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT_BYTES, names as metrics};
+pub use service::{Charging, EnvoyService, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT_BYTES, names as metrics};
 
-/// Loads every `*.yaml` / `*.yml` file of `path` (a file, or a directory as upstream's
-/// `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config`), one domain each.
-pub fn load(path: &std::path::Path) -> Result<Vec<Domain>, EnvoyConfigError> {
-    let read_err = |p: &std::path::Path, e: std::io::Error| EnvoyConfigError {
-        origin: p.display().to_string(),
-        message: format!("cannot read: {e}"),
-    };
-    let files: Vec<std::path::PathBuf> = if path.is_dir() {
-        let mut files: Vec<_> = std::fs::read_dir(path)
-            .map_err(|e| read_err(path, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-            .collect();
+use std::path::{Path, PathBuf};
+
+/// Loads `path`: one YAML file, or every file of a directory and of its subdirectories, as
+/// upstream's loader reads `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config` (any file name; names
+/// starting with `.` are skipped, as with upstream's `RUNTIME_IGNOREDOTFILES`, which keeps a
+/// Kubernetes ConfigMap's `..data` copies out; a symlinked file is read, a symlinked directory
+/// is not entered). Files are read in path order. Each file is one domain; two files of one
+/// domain are refused, or merged with `merge_domains` (upstream's `MERGE_DOMAIN_CONFIG`).
+pub fn load(path: &Path, merge_domains: bool) -> Result<Config, EnvoyConfigError> {
+    let files = if path.is_dir() {
+        let mut files = Vec::new();
+        collect(path, &mut files)?;
         files.sort();
         files
     } else {
         vec![path.to_owned()]
     };
-    let mut domains: Vec<Domain> = Vec::new();
+    let mut config = Config::default();
     for file in files {
-        let text = std::fs::read_to_string(&file).map_err(|e| read_err(&file, e))?;
-        let domain = Domain::from_yaml(&text, &file.display().to_string())?;
-        if domains.iter().any(|d| d.name == domain.name) {
-            return Err(EnvoyConfigError {
-                origin: file.display().to_string(),
-                message: format!("domain {:?} is defined by two files", domain.name),
-            });
-        }
-        domains.push(domain);
+        let text = std::fs::read_to_string(&file).map_err(|e| read_error(&file, &e))?;
+        config.add_file(&text, &file.display().to_string(), merge_domains)?;
     }
-    Ok(domains)
+    Ok(config)
+}
+
+fn read_error(path: &Path, e: &std::io::Error) -> EnvoyConfigError {
+    EnvoyConfigError { origin: path.display().to_string(), message: format!("cannot read: {e}") }
+}
+
+/// The files under `dir`, recursively.
+fn collect(dir: &Path, into: &mut Vec<PathBuf>) -> Result<(), EnvoyConfigError> {
+    for entry in std::fs::read_dir(dir).map_err(|e| read_error(dir, &e))? {
+        let entry = entry.map_err(|e| read_error(dir, &e))?;
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        let kind = entry.file_type().map_err(|e| read_error(&path, &e))?;
+        if kind.is_dir() {
+            collect(&path, into)?;
+        } else if kind.is_file() || (kind.is_symlink() && path.is_file()) {
+            into.push(path);
+        }
+    }
+    Ok(())
 }

@@ -1,7 +1,15 @@
-//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over a [`Limiter`].
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over a [`Limiter`], answering
+//! as envoyproxy/ratelimit's `src/service/ratelimit.go` answers.
+//!
+//! Each descriptor is charged on its own, as upstream charges it (one backend call for the
+//! whole request, each check decided alone), unless [`Charging`] says otherwise: all or nothing
+//! (a request refused by one enforced descriptor is charged to none), or upstream's
+//! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (the same, every limited descriptor taking part).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -13,10 +21,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_core::{Decision, Error as CoreError, Rule, RuleSet};
 use tollgate_limiter::keyspace::envoy_key;
-use tollgate_limiter::{Check, JointVerdict, LimitError, Limiter, Mode, Policy, Verdict};
+use tollgate_limiter::{Check, LimitError, Limiter, Mode, Policy, Verdict};
 use tonic::{Request, Response, Status};
 
-use crate::config::{Domain, Limit, Unit, find};
+use crate::config::{Domain, Limit, LimitKind, Unit, find};
 
 /// Most descriptors in one request.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -40,17 +48,34 @@ pub mod names {
     pub const SHADOW_MODE: &str = "tollgate_envoy_shadow_mode";
 }
 
+/// How the descriptors of one request are charged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Charging {
+    /// Each descriptor when its own limit admits it, whatever the others answer (upstream's
+    /// default).
+    #[default]
+    Each,
+    /// None when an enforced descriptor (not shadow or quota mode) refuses the request
+    /// (Tollgate's behaviour); shadow and quota-mode descriptors are charged on their own.
+    AllOrNothing,
+    /// None when any limited descriptor is over its limit, shadow and quota-mode ones included:
+    /// upstream's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, decided in one atomic step where
+    /// upstream reads the counters, then increments them.
+    StopWhenOverLimit,
+}
+
 /// The gRPC service: domains by name, swapped whole by reloads.
 #[derive(Clone)]
 pub struct EnvoyService {
     limiter: Limiter,
     domains: Arc<ArcSwap<BTreeMap<String, Domain>>>,
     response_headers: bool,
+    charging: Charging,
 }
 
 impl std::fmt::Debug for EnvoyService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EnvoyService").finish_non_exhaustive()
+        f.debug_struct("EnvoyService").field("charging", &self.charging).finish_non_exhaustive()
     }
 }
 
@@ -58,94 +83,168 @@ fn invalid(message: impl Into<String>) -> Status {
     Status::invalid_argument(message.into())
 }
 
-/// One descriptor, ready to decide.
-struct Planned {
-    entries: Vec<(String, String)>,
-    limits: Vec<Limit>,
-    shadow: bool,
-    detailed: bool,
-    hits: u64,
-}
-
 impl EnvoyService {
     /// A service over `limiter` answering for `domains`.
     pub fn new(limiter: Limiter, domains: Vec<Domain>) -> Self {
         let map = domains.into_iter().map(|d| (d.name.clone(), d)).collect();
-        EnvoyService { limiter, domains: Arc::new(ArcSwap::from_pointee(map)), response_headers: false }
+        EnvoyService {
+            limiter,
+            domains: Arc::new(ArcSwap::from_pointee(map)),
+            response_headers: false,
+            charging: Charging::Each,
+        }
     }
 
-    /// With `x-ratelimit-limit`, `-remaining` and `-reset` in `response_headers_to_add`, for the
-    /// most restrictive descriptor (upstream's `LIMIT_RESPONSE_HEADERS_ENABLED`).
+    /// With `RateLimit-Limit`, `-Remaining` and `-Reset` in `response_headers_to_add`, for the
+    /// descriptor closest to its limit (upstream's `LIMIT_RESPONSE_HEADERS_ENABLED`).
     pub fn with_response_headers(mut self, enabled: bool) -> Self {
         self.response_headers = enabled;
         self
+    }
+
+    /// How a request's descriptors are charged (by default each on its own, as upstream).
+    pub fn with_charging(mut self, charging: Charging) -> Self {
+        self.charging = charging;
+        self
+    }
+
+    /// Whether `p` is charged only if the others are (see [`Charging`]).
+    fn joins(&self, p: &Planned<'_>) -> bool {
+        match self.charging {
+            Charging::Each => false,
+            Charging::AllOrNothing => p.enforced(),
+            Charging::StopWhenOverLimit => true,
+        }
     }
 
     /// Replaces the domains (a reload).
     pub fn replace_domains(&self, domains: Vec<Domain>) {
         self.domains.store(Arc::new(domains.into_iter().map(|d| (d.name.clone(), d)).collect()));
     }
+}
 
-    fn plan(&self, req: &RateLimitRequest) -> Result<Vec<Planned>, Status> {
-        if req.domain.is_empty() || req.domain.len() > MAX_TEXT_BYTES {
-            return Err(invalid(format!("domain must be 1 to {MAX_TEXT_BYTES} bytes")));
-        }
-        if req.descriptors.len() > MAX_DESCRIPTORS {
-            return Err(invalid(format!("at most {MAX_DESCRIPTORS} descriptors per request")));
-        }
-        let domains = self.domains.load();
-        let domain = domains.get(&req.domain);
-        // hits_addend 0 means "not set": one hit, as upstream.
-        let request_hits = if req.hits_addend == 0 { 1 } else { u64::from(req.hits_addend) };
-        req.descriptors.iter().enumerate().map(|(i, d)| plan_one(i, d, domain, request_hits)).collect()
+/// One descriptor of the request, with what applies to it.
+struct Planned<'a> {
+    entries: Vec<(String, String)>,
+    /// The limits that apply (none: not limited); the request's own override is owned.
+    limits: Vec<Cow<'a, Limit>>,
+    unlimited: bool,
+    shadow: bool,
+    quota: bool,
+    detailed: bool,
+    hits: u64,
+    /// Per entry, the wildcard its value is counted under (`share_threshold`).
+    shared: Vec<Option<&'a str>>,
+}
+
+impl Planned<'_> {
+    /// Whether its refusal refuses the request on its own.
+    fn enforced(&self) -> bool {
+        !self.shadow && !self.quota
     }
 }
 
-fn plan_one(
-    i: usize,
-    d: &RateLimitDescriptor,
-    domain: Option<&Domain>,
-    request_hits: u64,
-) -> Result<Planned, Status> {
-    if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
-        return Err(invalid(format!("descriptors[{i}]: 1 to {MAX_ENTRIES} entries")));
+fn check_request(req: &RateLimitRequest) -> Result<(), Status> {
+    if req.domain.is_empty() || req.domain.len() > MAX_TEXT_BYTES {
+        return Err(invalid(format!("domain must be 1 to {MAX_TEXT_BYTES} bytes")));
     }
-    if d.entries
-        .iter()
-        .any(|e| e.key.is_empty() || e.key.len() > MAX_TEXT_BYTES || e.value.len() > MAX_TEXT_BYTES)
-    {
-        return Err(invalid(format!(
-            "descriptors[{i}]: entry keys are 1 to {MAX_TEXT_BYTES} bytes, values at most"
-        )));
+    // Upstream refuses an empty list too ("rate limit descriptor list must not be empty").
+    if req.descriptors.is_empty() || req.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(invalid(format!("1 to {MAX_DESCRIPTORS} descriptors per request")));
     }
+    for (i, d) in req.descriptors.iter().enumerate() {
+        if d.entries.len() > MAX_ENTRIES {
+            return Err(invalid(format!("descriptors[{i}]: at most {MAX_ENTRIES} entries")));
+        }
+        if d.entries
+            .iter()
+            .any(|e| e.key.is_empty() || e.key.len() > MAX_TEXT_BYTES || e.value.len() > MAX_TEXT_BYTES)
+        {
+            return Err(invalid(format!(
+                "descriptors[{i}]: entry keys are 1 to {MAX_TEXT_BYTES} bytes, values at most"
+            )));
+        }
+        if let Some(o) = &d.limit
+            && Unit::from_proto(o.unit).is_none()
+        {
+            return Err(invalid(format!("descriptors[{i}].limit.unit is unknown")));
+        }
+    }
+    Ok(())
+}
+
+fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hits: u64) -> Planned<'a> {
     let entries: Vec<(String, String)> = d.entries.iter().map(|e| (e.key.clone(), e.value.clone())).collect();
     let hits = d.hits_addend.as_ref().map_or(request_hits, |h| h.value);
-    let node = domain.and_then(|dom| find(&dom.root, &entries));
-    let (mut limits, shadow, detailed) = match node {
-        Some(n) => (n.limits.clone(), n.shadow_mode, n.detailed_metric),
-        None => (Vec::new(), false, false),
+    let mut planned = Planned {
+        limits: Vec::new(),
+        unlimited: false,
+        shadow: false,
+        quota: false,
+        detailed: false,
+        hits,
+        shared: vec![None; entries.len()],
+        entries,
     };
-    // A limit in the request overrides the configuration's (upstream's `limit` field).
-    if let Some(o) = &d.limit {
-        let unit = Unit::from_proto(o.unit)
-            .ok_or_else(|| invalid(format!("descriptors[{i}].limit.unit is unknown")))?;
-        let period = tollgate_core::Period::from_secs(unit.seconds()).map_err(|e| invalid(e.to_string()))?;
-        let n = u64::from(o.requests_per_unit);
-        let rule = (n > 0).then(|| Rule::fixed_window(n, period));
+    // An unknown domain limits nothing, the request's own limit included (upstream's rule).
+    let Some(domain) = domain else { return planned };
+    // In a known domain the request's limit applies, to any descriptor, matched or not.
+    if let Some(o) = &d.limit
+        && let Some(unit) = Unit::from_proto(o.unit)
+    {
         let window_secs = unit.seconds();
-        limits =
-            vec![Limit { name: None, rule, requests_per_unit: n, unit, window_secs, replaces: Vec::new() }];
+        let kind = match (o.requests_per_unit, tollgate_core::Period::from_secs(window_secs)) {
+            (0, _) | (_, Err(_)) => LimitKind::Block,
+            (n, Ok(period)) => LimitKind::Rule(Rule::fixed_window(u64::from(n), period)),
+        };
+        planned.limits.push(Cow::Owned(Limit {
+            name: None,
+            kind,
+            requests_per_unit: o.requests_per_unit,
+            unit: Some(unit),
+            window_secs,
+            replaces: Vec::new(),
+        }));
+        return planned;
     }
-    Ok(Planned { entries, limits, shadow, detailed, hits })
+    if let Some(m) = find(&domain.root, &planned.entries) {
+        planned.limits = m.node.limits.iter().map(Cow::Borrowed).collect();
+        planned.unlimited = m.node.limits.iter().any(|l| l.kind == LimitKind::Unlimited);
+        planned.shadow = m.node.shadow_mode;
+        planned.quota = m.node.quota_mode;
+        planned.detailed = m.node.detailed_metric;
+        planned.shared = m.shared;
+    }
+    planned
 }
 
-fn status(code: Code, limit: Option<&Limit>, remaining: u64, reset: std::time::Duration) -> DescriptorStatus {
+/// `replaces`: a named limit is dropped when a limit matched by this request replaces it (an
+/// unlimited one included, as upstream collects them before setting unlimited ones aside).
+fn drop_replaced(planned: &mut [Planned<'_>]) {
+    let replaced: HashSet<String> =
+        planned.iter().flat_map(|p| p.limits.iter().flat_map(|l| l.replaces.iter().cloned())).collect();
+    if replaced.is_empty() {
+        return;
+    }
+    for p in planned.iter_mut().filter(|p| !p.unlimited) {
+        p.limits.retain(|l| l.name.as_ref().is_none_or(|n| !replaced.contains(n)));
+    }
+}
+
+/// Seconds until the clock-aligned window of `unit` ends, as upstream computes a reset.
+fn aligned_reset(unit: Option<Unit>) -> Duration {
+    let Some(unit) = unit else { return Duration::ZERO };
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    Duration::from_secs(unit.seconds() - now % unit.seconds())
+}
+
+fn status(code: Code, limit: Option<&Limit>, remaining: u64, reset: Duration) -> DescriptorStatus {
     DescriptorStatus {
         code: code as i32,
         current_limit: limit.map(|l| RateLimit {
             name: l.name.clone().unwrap_or_default(),
-            requests_per_unit: u32::try_from(l.requests_per_unit).unwrap_or(u32::MAX),
-            unit: l.unit.proto(),
+            requests_per_unit: l.requests_per_unit,
+            unit: l.unit.map_or(0, Unit::proto),
         }),
         limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
         duration_until_reset: (!reset.is_zero()).then(|| envoy_types::pb::google::protobuf::Duration {
@@ -166,102 +265,135 @@ impl RateLimitService for EnvoyService {
     }
 }
 
-/// One limited descriptor: its check in the request's batch.
-struct Item<'a> {
-    planned: &'a Planned,
-    labels: [(&'static str, String); 2],
+/// What a descriptor gets, before the backend is asked.
+enum Outcome {
+    /// No limit applies: OK, not counted.
+    Free,
+    /// `unlimited`: OK, remaining u32::MAX, not counted.
+    Unlimited,
+    /// A limit of 0 (a block list, or a request's limit of 0): over the limit, not counted.
+    Blocked(usize),
+    /// Checked: its item in the batch.
+    Checked(usize),
+}
+
+/// One checked descriptor: its check in the request's batch.
+struct Item<'p, 'a> {
+    planned: &'p Planned<'a>,
     key: String,
     policy: Policy,
     /// The limits with a rule, in the order of the rule set's rules.
-    limited: Vec<&'a Limit>,
+    limited: Vec<&'p Limit>,
     /// More hits than the limits can ever admit: over the limit whatever the state.
     impossible: bool,
 }
 
-impl Item<'_> {
-    /// Enforced, not shadow mode: its refusal refuses the request.
-    fn enforced(&self) -> bool {
-        !self.planned.shadow
-    }
+/// The metric labels of a descriptor.
+fn labels(domain: &str, p: &Planned<'_>) -> [(&'static str, String); 2] {
+    let label = match p.detailed {
+        true => p.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect::<Vec<_>>().join("."),
+        false => p.entries.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join("."),
+    };
+    [("domain", domain.to_owned()), ("descriptor", label)]
 }
 
-/// Each limited descriptor becomes one check of a single batch: one backend call for the whole
-/// request, the enforced descriptors all or nothing.
-struct Batch<'a> {
-    items: Vec<Item<'a>>,
-    /// For each descriptor of the request, its item (`None`: no limit, not counted).
-    of_descriptor: Vec<Option<usize>>,
-}
-
-/// `replaces`: a named limit is dropped when another limit of this request replaces it.
-fn drop_replaced(planned: &mut [Planned]) {
-    let replaced: HashSet<String> =
-        planned.iter().flat_map(|p| p.limits.iter().flat_map(|l| l.replaces.iter().cloned())).collect();
-    for p in planned {
-        p.limits.retain(|l| l.name.as_ref().is_none_or(|n| !replaced.contains(n)));
-    }
-}
-
-impl<'a> Batch<'a> {
-    fn new(domain: &str, planned: &'a [Planned]) -> Result<Self, Status> {
-        let mut batch = Batch { items: Vec::new(), of_descriptor: Vec::with_capacity(planned.len()) };
-        for p in planned {
-            // No limit, or only unlimited ones: OK, uncounted, no current limit (as upstream).
-            let item = Item::new(domain, p)?;
-            batch.of_descriptor.push(item.is_some().then_some(batch.items.len()));
-            batch.items.extend(item);
-        }
-        Ok(batch)
-    }
-}
-
-impl<'a> Item<'a> {
-    /// The check of descriptor `p`, or `None` when none of its limits has a rule.
-    fn new(domain: &str, p: &'a Planned) -> Result<Option<Self>, Status> {
-        let rules: Vec<Rule> = p.limits.iter().filter_map(|l| l.rule.clone()).collect();
-        if rules.is_empty() {
-            return Ok(None);
-        }
-        let label = match p.detailed {
-            true => p.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect::<Vec<_>>().join("."),
-            false => p.entries.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join("."),
-        };
+impl<'p, 'a> Item<'p, 'a> {
+    /// The check of `p`, whose limits hold at least one rule and no block; `mode` places it in
+    /// the limiter's batch (shadow: decided alone).
+    fn new(domain: &str, p: &'p Planned<'a>, mode: Mode) -> Result<Self, Status> {
+        let limited: Vec<&Limit> =
+            p.limits.iter().map(AsRef::as_ref).filter(|l| matches!(l.kind, LimitKind::Rule(_))).collect();
+        let rules = limited.iter().filter_map(|l| match &l.kind {
+            LimitKind::Rule(r) => Some(r.clone()),
+            _ => None,
+        });
         let set = RuleSet::new(rules).map_err(|e| Status::internal(e.to_string()))?;
-        let mode = if p.shadow { Mode::Shadow } else { Mode::Enforce };
-        Ok(Some(Item {
+        // Values sharing a threshold are counted under their wildcard.
+        let key = if p.shared.iter().any(Option::is_some) {
+            let entries: Vec<(String, String)> = p
+                .entries
+                .iter()
+                .zip(&p.shared)
+                .map(|((k, v), s)| (k.clone(), s.map_or_else(|| v.clone(), str::to_owned)))
+                .collect();
+            envoy_key(domain, &entries)
+        } else {
+            envoy_key(domain, &p.entries)
+        };
+        Ok(Item {
             planned: p,
-            labels: [("domain", domain.to_owned()), ("descriptor", label)],
-            key: envoy_key(domain, &p.entries),
+            key,
             policy: Policy::enforce(domain, set).with_mode(mode),
-            limited: p.limits.iter().filter(|l| l.rule.is_some()).collect(),
+            limited,
             impossible: false,
-        }))
+        })
     }
 }
 
 impl EnvoyService {
     /// Decides one `ShouldRateLimit` request (the gRPC method, and `POST /json`).
     pub async fn decide(&self, req: RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        let mut planned = self.plan(&req)?;
+        check_request(&req)?;
+        let domains = self.domains.load_full();
+        let domain = domains.get(&req.domain);
+        // hits_addend 0 means "not set": one hit, as upstream.
+        let request_hits = if req.hits_addend == 0 { 1 } else { u64::from(req.hits_addend) };
+        let mut planned: Vec<Planned<'_>> =
+            req.descriptors.iter().map(|d| plan_one(d, domain, request_hits)).collect();
         drop_replaced(&mut planned);
-        let mut batch = Batch::new(&req.domain, &planned)?;
-        let joint = self.check(&mut batch.items).await?;
-        let mut overall = Code::Ok;
-        let mut statuses = Vec::with_capacity(planned.len());
-        // Each status's window in seconds (0 when it has no limit), for the response headers.
-        let mut windows = Vec::with_capacity(planned.len());
-        for at in &batch.of_descriptor {
-            let (status, window) = match (at, &joint) {
-                (Some(at), Some(joint)) => descriptor_status(&batch.items[*at], &joint.verdicts[*at]),
-                _ => (status(Code::Ok, None, 0, std::time::Duration::ZERO), 0),
+
+        let mut items: Vec<Item<'_, '_>> = Vec::new();
+        let mut outcomes = Vec::with_capacity(planned.len());
+        let mut blocked = false;
+        for p in &planned {
+            let outcome = if p.unlimited {
+                Outcome::Unlimited
+            } else if let Some(at) = p.limits.iter().position(|l| l.kind == LimitKind::Block) {
+                blocked |= self.joins(p);
+                Outcome::Blocked(at)
+            } else if p.limits.is_empty() {
+                Outcome::Free
+            } else {
+                // check_all decides enforced checks together and shadow-mode ones alone.
+                let alone = !self.joins(p) && (p.shadow || self.charging != Charging::Each);
+                items.push(Item::new(&req.domain, p, if alone { Mode::Shadow } else { Mode::Enforce })?);
+                Outcome::Checked(items.len() - 1)
             };
-            if status.code == Code::OverLimit as i32 {
-                overall = Code::OverLimit;
+            outcomes.push(outcome);
+        }
+        let verdicts = self.check(&mut items, blocked).await?;
+
+        let mut statuses = Vec::with_capacity(planned.len());
+        // Whether each status refuses the request on its own, for the response headers.
+        let mut refusing = Vec::with_capacity(planned.len());
+        let (mut failed, mut quota_total, mut quota_failed) = (0, 0, 0);
+        for (p, outcome) in planned.iter().zip(&outcomes) {
+            let status = match outcome {
+                Outcome::Free => status(Code::Ok, None, 0, Duration::ZERO),
+                Outcome::Unlimited => status(Code::Ok, None, u64::from(u32::MAX), Duration::ZERO),
+                Outcome::Blocked(at) => {
+                    let limit = p.limits[*at].as_ref();
+                    count_hits(&labels(&req.domain, p), p.hits, p.shadow, true, false);
+                    let code = if p.shadow { Code::Ok } else { Code::OverLimit };
+                    status(code, Some(limit), 0, aligned_reset(limit.unit))
+                }
+                Outcome::Checked(at) => descriptor_status(&req.domain, &items[*at], &verdicts[*at]),
+            };
+            let over = status.code == Code::OverLimit as i32;
+            if p.quota && !matches!(outcome, Outcome::Free | Outcome::Unlimited) {
+                quota_total += 1;
+                quota_failed += usize::from(over);
+                refusing.push(false);
+            } else {
+                failed += usize::from(over);
+                refusing.push(over);
             }
             statuses.push(status);
-            windows.push(window);
         }
-        let headers = if self.response_headers { response_headers(&statuses, &windows) } else { Vec::new() };
+        // Upstream: over the limit when a descriptor is, or when every quota-mode one is.
+        let over = failed > 0 || (quota_total > 0 && quota_total == quota_failed);
+        let overall = if over { Code::OverLimit } else { Code::Ok };
+        let headers = if self.response_headers { response_headers(&statuses, &refusing) } else { Vec::new() };
         Ok(RateLimitResponse {
             overall_code: overall as i32,
             statuses,
@@ -270,29 +402,32 @@ impl EnvoyService {
         })
     }
 
-    /// Checks the batch in one limiter call (`None` when it is empty).
+    /// Checks the items in one limiter call: each alone, or all or nothing.
     ///
-    /// An enforced descriptor over its limit whatever the state refuses the request: the others
-    /// are only looked at. The same when the request asks one counter (two descriptors alike)
-    /// for more than it holds. The limiter validates before any backend call: a descriptor
-    /// over-asking is found there, marked, and the batch asked again with it (and, if enforced,
-    /// the others) only peeking.
-    async fn check(&self, items: &mut [Item<'_>]) -> Result<Option<JointVerdict>, Status> {
-        let mut blocked = false;
+    /// An item asking more hits than its limits hold is over the limit whatever the state: the
+    /// limiter refuses it before any backend call, so it is marked and the batch asked again
+    /// with it only peeking. All or nothing, a refusal known up front (`blocked`: a block list,
+    /// or such an item, among the descriptors charged together) leaves the others only peeking
+    /// too.
+    async fn check(&self, items: &mut [Item<'_, '_>], mut blocked: bool) -> Result<Vec<Verdict>, Status> {
         while !items.is_empty() {
             let checks: Vec<Check<'_>> = items
                 .iter()
                 .map(|i| {
-                    let peek = i.impossible || (blocked && i.enforced());
+                    let peek = i.impossible || (blocked && self.joins(i.planned));
                     Check { key: &i.key, policy: &i.policy, cost: if peek { 0 } else { i.planned.hits } }
                 })
                 .collect();
-            match self.limiter.check_all(&checks).await {
-                Ok(joint) => return Ok(Some(joint)),
+            let answer = match self.charging {
+                Charging::Each => self.limiter.check_each(&checks).await,
+                _ => self.limiter.check_all(&checks).await.map(|joint| joint.verdicts),
+            };
+            match answer {
+                Ok(verdicts) => return Ok(verdicts),
                 Err(LimitError::Invalid(CoreError::InPart { part, error }))
                     if matches!(*error, CoreError::CostExceedsCapacity { .. }) =>
                 {
-                    blocked |= items[part].enforced();
+                    blocked |= self.joins(items[part].planned);
                     items[part].impossible = true;
                 }
                 Err(LimitError::Invalid(e)) => return Err(invalid(e.to_string())),
@@ -300,58 +435,61 @@ impl EnvoyService {
                 Err(e) => return Err(Status::internal(e.to_string())),
             }
         }
-        Ok(None)
+        Ok(Vec::new())
     }
 }
 
-/// A checked descriptor's status and its binding limit's window in seconds; counts its hits in
-/// the metrics.
-fn descriptor_status(item: &Item<'_>, verdict: &Verdict) -> (DescriptorStatus, u64) {
+/// A checked descriptor's status; counts its hits in the metrics. Over the limit, nothing
+/// remains (upstream's answer), shadow mode or not.
+fn descriptor_status(domain: &str, item: &Item<'_, '_>, verdict: &Verdict) -> DescriptorStatus {
     let d = &verdict.decision;
+    let p = item.planned;
     let over = item.impossible || !d.allowed();
-    count_hits(item, over, d);
-    let code = if over && item.enforced() { Code::OverLimit } else { Code::Ok };
-    let binding = d.rules().iter().position(|o| o == d.binding()).unwrap_or(0);
+    count_hits(&labels(domain, p), p.hits, p.shadow, over, near(d));
+    let code = if over && !p.shadow { Code::OverLimit } else { Code::Ok };
+    let binding = d.rules().iter().position(|o| std::ptr::eq(o, d.binding())).unwrap_or(0);
     let limit = item.limited.get(binding).copied();
-    let remaining = if item.impossible { 0 } else { d.remaining() };
-    (status(code, limit, remaining, d.reset_after()), limit.map_or(0, |l| l.window_secs))
+    let remaining = if over { 0 } else { d.remaining() };
+    status(code, limit, remaining, d.reset_after())
 }
 
-/// Upstream's hit counters: every hit, then shadow-mode, over, near (above 80 % used) or within.
-fn count_hits(item: &Item<'_>, over: bool, d: &Decision) {
-    let (labels, hits) = (&item.labels, item.planned.hits);
+/// Upstream's near-limit test: more than 80 % of a limit used.
+fn near(d: &Decision) -> bool {
+    d.rules().iter().any(|o| o.remaining.saturating_mul(5) < o.limit)
+}
+
+/// Upstream's hit counters: every hit, then shadow-mode, over, near or within.
+fn count_hits(labels: &[(&'static str, String); 2], hits: u64, shadow: bool, over: bool, near: bool) {
     ::metrics::counter!(names::TOTAL_HITS, labels).increment(hits);
-    let name = if over && !item.enforced() {
-        names::SHADOW_MODE
-    } else if over {
-        names::OVER_LIMIT
-    } else if d.rules().iter().any(|o| o.remaining.saturating_mul(5) < o.limit) {
-        names::NEAR_LIMIT
-    } else {
-        names::WITHIN_LIMIT
+    let name = match (over, shadow) {
+        (true, true) => names::SHADOW_MODE,
+        (true, false) => names::OVER_LIMIT,
+        (false, _) if near => names::NEAR_LIMIT,
+        (false, _) => names::WITHIN_LIMIT,
     };
     ::metrics::counter!(name, labels).increment(hits);
 }
 
-/// Upstream's headers for the most restrictive limited descriptor (the fewest remaining):
-/// `x-ratelimit-limit: 10, 10;w=60`, `x-ratelimit-remaining`, `x-ratelimit-reset` (seconds,
-/// rounded up).
-fn response_headers(statuses: &[DescriptorStatus], windows: &[u64]) -> Vec<HeaderValue> {
-    let Some((s, window)) = statuses
-        .iter()
-        .zip(windows)
-        .filter(|(s, _)| s.current_limit.is_some())
-        .min_by_key(|(s, _)| s.limit_remaining)
-    else {
-        return Vec::new();
+/// Upstream's `LIMIT_RESPONSE_HEADERS_ENABLED` headers, `RateLimit-Limit` (the limit),
+/// `RateLimit-Remaining` and `RateLimit-Reset` (seconds, rounded up), for the descriptor
+/// closest to its limit: the last one refusing the request, else the limited one with the
+/// fewest remaining (the first of equals).
+fn response_headers(statuses: &[DescriptorStatus], refusing: &[bool]) -> Vec<HeaderValue> {
+    let limited = || statuses.iter().zip(refusing).filter(|(s, _)| s.current_limit.is_some());
+    let chosen = match limited().rfind(|(_, refuses)| **refuses) {
+        Some((s, _)) => s,
+        None => match limited().min_by_key(|(s, _)| s.limit_remaining) {
+            Some((s, _)) => s,
+            None => return Vec::new(),
+        },
     };
-    let limit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
-    let reset = s.duration_until_reset.as_ref().map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
+    let limit = chosen.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
+    let reset = chosen.duration_until_reset.as_ref().map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
     let header = |key: &str, value: String| HeaderValue { key: key.to_owned(), value, raw_value: Vec::new() };
     vec![
-        header("x-ratelimit-limit", format!("{limit}, {limit};w={window}")),
-        header("x-ratelimit-remaining", s.limit_remaining.to_string()),
-        header("x-ratelimit-reset", reset.to_string()),
+        header("RateLimit-Limit", limit.to_string()),
+        header("RateLimit-Remaining", chosen.limit_remaining.to_string()),
+        header("RateLimit-Reset", reset.to_string()),
     ]
 }
 
@@ -375,5 +513,12 @@ mod tests {
         let mut other = entries.clone();
         other[15].1.push('!');
         assert_ne!(key, envoy_key("d", &other));
+    }
+
+    #[test]
+    fn a_reset_ends_the_units_clock_aligned_window() {
+        let reset = aligned_reset(Some(Unit::Minute));
+        assert!(reset > Duration::ZERO && reset <= Duration::from_secs(60), "{reset:?}");
+        assert_eq!(aligned_reset(None), Duration::ZERO);
     }
 }

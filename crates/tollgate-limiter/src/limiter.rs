@@ -285,6 +285,47 @@ impl Limiter {
         Ok(JointVerdict { admitted, verdicts })
     }
 
+    /// Checks several keys in one backend call, each decided on its own: a check is consumed
+    /// when its own rules admit it, whatever the others answer (checks are decided in order,
+    /// so a later check of the same key sees an earlier one's units). Shadow-mode checks are
+    /// counted and never refuse, as in [`check`](Self::check); the `delay` strategy does not
+    /// apply.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate_core::{MemoryBackend, Period, Rule, RuleSet};
+    /// use tollgate_limiter::{Check, Limiter, LimiterSettings, Policy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::new(Arc::new(MemoryBackend::new()), "memory", LimiterSettings::default());
+    /// let per_user = Policy::enforce("user", RuleSet::new([Rule::fixed_window(5, Period::MINUTE)]).unwrap());
+    /// let per_route = Policy::enforce("route", RuleSet::new([Rule::fixed_window(1, Period::MINUTE)]).unwrap());
+    /// let both = [
+    ///     Check { key: "alice", policy: &per_user, cost: 1 },
+    ///     Check { key: "/upload", policy: &per_route, cost: 1 },
+    /// ];
+    /// limiter.check_each(&both).await.unwrap();
+    /// let second = limiter.check_each(&both).await.unwrap();
+    /// assert!(second[0].allowed() && !second[1].allowed());
+    /// assert_eq!(second[0].decision.remaining(), 3); // alice was charged twice
+    /// # }
+    /// ```
+    pub async fn check_each(&self, checks: &[Check<'_>]) -> Result<Vec<Verdict>, LimitError> {
+        let parts: Vec<Part<'_>> = checks
+            .iter()
+            .zip(0..)
+            .map(|(c, group)| Part::new(c.key, &c.policy.rules, c.cost).in_group(group))
+            .collect();
+        let (decisions, degraded) = self.decide_batch(&parts).await?;
+        let verdicts: Vec<Verdict> =
+            checks.iter().zip(decisions).map(|(c, d)| self.verdict(c.policy, (d, degraded))).collect();
+        for (check, verdict) in checks.iter().zip(&verdicts) {
+            self.record(check.key, check.policy, check.cost, verdict, true);
+        }
+        Ok(verdicts)
+    }
+
     /// Like [`check`](Self::check), with concurrency rules holding the units under a new lease
     /// (returned when the request is admitted and the rules hold one).
     pub async fn acquire(

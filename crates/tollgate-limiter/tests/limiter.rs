@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tollgate_core::{
-    Backend, Clock, Decision, Error, MemoryBackend, Operation, Period, Rule, RuleSet, Timestamp,
+    Backend, Clock, Decision, Error, MemoryBackend, Operation, Part, Period, Rule, RuleSet, Timestamp,
 };
 use tollgate_limiter::{
-    BreakerState, FailurePolicy, LimitError, Limiter, LimiterSettings, Mode, OnLimit, Policy,
+    BreakerState, Check, FailurePolicy, LimitError, Limiter, LimiterSettings, Mode, OnLimit, Policy,
 };
 
 /// Wall time that follows tokio's (pausable) clock.
@@ -57,6 +57,10 @@ impl Backend for Flaky {
     async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
         self.fail()?;
         self.inner.execute_now(key, rules, op)
+    }
+    async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
+        self.fail()?;
+        self.inner.check_batch_now(parts)
     }
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
         self.fail()?;
@@ -241,4 +245,40 @@ async fn the_local_fallback_holds_at_most_fallback_max_keys() {
     assert!(limiter.check("one-more", &p, 1).await.unwrap().allowed());
     let v = limiter.check("first", &p, 1).await.unwrap();
     assert!(v.degraded && v.allowed(), "\"first\" was evicted for \"one-more\"");
+}
+
+/// `check_each`: one backend call, each check decided alone and in order, where `check_all`
+/// is all or nothing.
+#[tokio::test(start_paused = true)]
+async fn check_each_decides_every_check_alone_in_one_call() {
+    let backend = Flaky::new();
+    let limiter = limiter(&backend, FailurePolicy::Closed);
+    let (one, two) = (policy(1), policy(2));
+    let shadow = policy(1).with_mode(Mode::Shadow);
+    let checks = [
+        Check { key: "a", policy: &two, cost: 1 },
+        Check { key: "b", policy: &one, cost: 1 },
+        Check { key: "b", policy: &one, cost: 1 },
+        Check { key: "s", policy: &shadow, cost: 1 },
+        Check { key: "s", policy: &shadow, cost: 1 },
+    ];
+    let verdicts = limiter.check_each(&checks).await.unwrap();
+    assert_eq!(backend.calls.load(Ordering::Relaxed), 1, "one backend call");
+    let allowed: Vec<bool> = verdicts.iter().map(|v| v.decision.allowed()).collect();
+    assert_eq!(allowed, [true, true, false, true, false], "the second check of b sees the first's unit");
+    assert!(verdicts[4].shadow_denied && verdicts[4].allowed());
+    // `a` was charged though `b` refused: `check_all` would have charged nothing.
+    assert_eq!(limiter.peek("a", &two.rules).await.unwrap().decision.remaining(), 1);
+    let joint = limiter.check_all(&checks[..2]).await.unwrap();
+    assert!(!joint.admitted);
+    assert_eq!(limiter.peek("a", &two.rules).await.unwrap().decision.remaining(), 1);
+
+    // Bad input is refused before the backend, naming the check.
+    let too_much = [Check { key: "a", policy: &two, cost: 1 }, Check { key: "c", policy: &one, cost: 5 }];
+    let calls = backend.calls.load(Ordering::Relaxed);
+    assert!(matches!(
+        limiter.check_each(&too_much).await,
+        Err(LimitError::Invalid(Error::InPart { part: 1, .. }))
+    ));
+    assert_eq!(backend.calls.load(Ordering::Relaxed), calls);
 }

@@ -61,10 +61,17 @@ enum Command {
     )]
     Simulate(simulate::SimulateArgs),
     /// Validate a configuration file and list its policies; exits non-zero on a mistake.
+    ///
+    /// A TOML file is checked as `serve --config` reads it. A `.yaml`/`.yml` file, or a
+    /// directory, is checked as `serve --envoy-config` reads it (envoyproxy/ratelimit's
+    /// `ratelimit_config_check`): its domains are listed, or the file and the reason.
     #[command(after_help = "Example:\n  tollgate check-config tollgate.toml")]
     CheckConfig {
-        /// The TOML file to check.
+        /// The TOML file, or an Envoy YAML file or directory, to check.
         file: PathBuf,
+        /// Envoy YAML: merge files of one domain (upstream's MERGE_DOMAIN_CONFIG).
+        #[arg(long, env = "TOLLGATE_ENVOY_MERGE_DOMAINS")]
+        envoy_merge_domains: bool,
     },
     /// Manage API tokens directly in the policy database (to bootstrap the first admin).
     #[command(subcommand)]
@@ -144,10 +151,26 @@ struct ServeArgs {
     /// envoyproxy/ratelimit YAML configuration: a file, or a directory of *.yaml (one domain each).
     #[arg(long, env = "TOLLGATE_ENVOY_CONFIG", value_name = "PATH")]
     envoy_config: Option<PathBuf>,
-    /// Add x-ratelimit-limit/-remaining/-reset to Envoy answers (upstream's
+    /// Add RateLimit-Limit/-Remaining/-Reset to Envoy answers (upstream's
     /// LIMIT_RESPONSE_HEADERS_ENABLED).
     #[arg(long, env = "TOLLGATE_ENVOY_RESPONSE_HEADERS")]
     envoy_response_headers: bool,
+    /// Envoy: a request one descriptor refuses is charged to none of its descriptors. By
+    /// default each descriptor is charged when its own limit admits it, as upstream does.
+    #[arg(long, env = "TOLLGATE_ENVOY_ALL_OR_NOTHING")]
+    envoy_all_or_nothing: bool,
+    /// Envoy: a request with any descriptor over its limit (shadow and quota mode ones too) is
+    /// charged to none (upstream's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+    #[arg(
+        long,
+        env = "TOLLGATE_ENVOY_STOP_INCREMENT_WHEN_OVER_LIMIT",
+        conflicts_with = "envoy_all_or_nothing"
+    )]
+    envoy_stop_increment_when_over_limit: bool,
+    /// Envoy: merge YAML files of one domain instead of refusing the second (upstream's
+    /// MERGE_DOMAIN_CONFIG).
+    #[arg(long, env = "TOLLGATE_ENVOY_MERGE_DOMAINS")]
+    envoy_merge_domains: bool,
     /// Log JSON lines instead of text (the log level comes from RUST_LOG; default info).
     #[arg(long, env = "TOLLGATE_JSON_LOGS")]
     json_logs: bool,
@@ -158,18 +181,7 @@ struct ServeArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::CheckConfig { file } => match tollgate_config::Config::load(&file) {
-            Ok(config) => {
-                let names: Vec<&str> = config.policies.iter().map(|(name, _)| name).collect();
-                let noun = if names.len() == 1 { "policy" } else { "policies" };
-                println!("{}: ok, {} {noun}: {}", file.display(), names.len(), names.join(", "));
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::CheckConfig { file, envoy_merge_domains } => check_config(&file, envoy_merge_domains),
         Command::Serve(args) => run(serve::run(args)),
         Command::Bench(args) => run(bench::run(args)),
         Command::Simulate(args) => run(async move { simulate::run(args) }),
@@ -184,6 +196,34 @@ fn main() -> ExitCode {
             println!("{secret}");
             Ok(())
         }),
+    }
+}
+
+/// `check-config`: a TOML file's policies, or (a YAML file or a directory) Envoy's domains.
+fn check_config(file: &std::path::Path, merge_domains: bool) -> ExitCode {
+    let envoy = file.is_dir() || file.extension().is_some_and(|x| x == "yaml" || x == "yml");
+    let checked = if envoy {
+        tollgate_envoy::load(file, merge_domains).map_err(|e| e.to_string()).map(|config| {
+            for warning in &config.warnings {
+                eprintln!("warning: {warning}");
+            }
+            ("domain", "domains", config.domains.into_iter().map(|d| d.name).collect::<Vec<_>>())
+        })
+    } else {
+        tollgate_config::Config::load(file).map_err(|e| e.to_string()).map(|config| {
+            ("policy", "policies", config.policies.iter().map(|(name, _)| name.to_owned()).collect())
+        })
+    };
+    match checked {
+        Ok((one, many, names)) => {
+            let noun = if names.len() == 1 { one } else { many };
+            println!("{}: ok, {} {noun}: {}", file.display(), names.len(), names.join(", "));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

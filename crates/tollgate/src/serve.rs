@@ -158,7 +158,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
 
     let envoy = start_envoy(&args, state.limiter().clone())?;
-    let _envoy_watcher = args.envoy_config.as_ref().map(|path| watch_envoy(path, &envoy)).transpose()?;
+    let _envoy_watcher = args
+        .envoy_config
+        .as_ref()
+        .map(|path| watch_envoy(path, args.envoy_merge_domains, &envoy))
+        .transpose()?;
     serve_grpc(&args, envoy.clone(), crate::listen::Limits { max_body: None, ..limits }).await?;
     let app = tollgate_server::router_with(state, tollgate_envoy::json::router(envoy));
     serve_http(listener, app, limits).await;
@@ -243,23 +247,39 @@ fn watch_config(path: &std::path::Path, state: &AppState) -> anyhow::Result<toll
 /// without it).
 fn start_envoy(args: &ServeArgs, limiter: Limiter) -> anyhow::Result<tollgate_envoy::EnvoyService> {
     let domains = match &args.envoy_config {
-        Some(path) => tollgate_envoy::load(path)?,
+        Some(path) => {
+            let config = tollgate_envoy::load(path, args.envoy_merge_domains)?;
+            for warning in &config.warnings {
+                tracing::warn!("Envoy configuration: {warning}");
+            }
+            config.domains
+        }
         None => Vec::new(),
     };
-    Ok(tollgate_envoy::EnvoyService::new(limiter, domains).with_response_headers(args.envoy_response_headers))
+    Ok(tollgate_envoy::EnvoyService::new(limiter, domains)
+        .with_response_headers(args.envoy_response_headers)
+        .with_charging(match (args.envoy_all_or_nothing, args.envoy_stop_increment_when_over_limit) {
+            (true, _) => tollgate_envoy::Charging::AllOrNothing,
+            (_, true) => tollgate_envoy::Charging::StopWhenOverLimit,
+            _ => tollgate_envoy::Charging::Each,
+        }))
 }
 
 /// Reloads the Envoy domains of `path` into `service` when they change.
 fn watch_envoy(
     path: &std::path::Path,
+    merge: bool,
     service: &tollgate_envoy::EnvoyService,
 ) -> anyhow::Result<tollgate_config::Watcher> {
     let (path, service) = (path.to_owned(), service.clone());
-    tollgate_config::watch_path(&path.clone(), move || match tollgate_envoy::load(&path) {
-        Ok(domains) => {
-            let names: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
+    tollgate_config::watch_path(&path.clone(), move || match tollgate_envoy::load(&path, merge) {
+        Ok(config) => {
+            let names: Vec<&str> = config.domains.iter().map(|d| d.name.as_str()).collect();
             tracing::info!(domains = ?names, "Envoy configuration reloaded");
-            service.replace_domains(domains);
+            for warning in &config.warnings {
+                tracing::warn!("Envoy configuration: {warning}");
+            }
+            service.replace_domains(config.domains);
         }
         Err(e) => tracing::error!(error = %e, "Envoy configuration reload refused; the last good one stays"),
     })

@@ -1,6 +1,7 @@
 //! `tollgate bench` against each kind of target: a private Redis (the in-process client path,
 //! coalesced), a running `tollgate serve` over HTTP, and its Envoy gRPC service. Each run uses a
-//! limit that no window refills during the run, so the admitted count must be exact.
+//! limit that no window refills during the run, so the admitted count must be exact: against a
+//! server, exactly what the server counted for each key.
 
 mod common;
 
@@ -50,19 +51,101 @@ fn against_redis_it_reports_redis_cpu_per_decision() {
     assert!(summary["redis_calls_per_decision"].as_f64().unwrap() < 0.1, "{summary}");
 }
 
+/// Runs `bench` with `args` until the runs together made more than 150 decisions (then some
+/// key was asked more than its 50: each request picks one of the 3 keys at random, so one run
+/// of a loaded debug build may leave a key short of its limit). Answers the summed counts.
+fn bench_until_spent(args: &[&str]) -> (u64, u64, u64) {
+    let (mut decisions, mut allowed, mut denied) = (0, 0, 0);
+    for _ in 0..10 {
+        let summary = bench(args);
+        let n = |field: &str| summary[field].as_u64().unwrap();
+        assert_eq!(n("errors"), 0, "{summary}");
+        assert_eq!(n("allowed") + n("denied"), n("decisions"), "{summary}");
+        (decisions, allowed, denied) =
+            (decisions + n("decisions"), allowed + n("allowed"), denied + n("denied"));
+        if decisions > 150 {
+            break;
+        }
+    }
+    assert!(decisions > 150, "10 runs made only {decisions} decisions");
+    (decisions, allowed, denied)
+}
+
+/// What the bench admitted is exactly what the server counted, at most 50 a key, and some key
+/// (the one asked more than 50 times) was held to its 50.
+fn assert_counted((decisions, allowed, denied): (u64, u64, u64), spent: [u64; 3]) {
+    assert!(spent.iter().all(|&s| s <= 50), "over the limit: {spent:?}");
+    assert_eq!(spent.iter().sum::<u64>(), allowed, "admitted {allowed} of {decisions}, counted {spent:?}");
+    assert!(denied > 0 && spent.contains(&50), "{decisions} decisions, {denied} denied, {spent:?}");
+}
+
 #[tokio::test]
 async fn against_a_server_over_http_and_grpc() {
-    let grpc = format!("127.0.0.1:{}", tollgate_testkit::free_port());
-    let server = Tollgate::start("", &["--grpc-listen", &grpc]).await;
-    let summary =
-        bench(&["--target", &server.base, "--algorithm", "sliding-window-counter", "--period", "1y"]);
-    assert_exact(&summary);
-    assert!(summary["redis_cpu_us_per_decision"].is_null());
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry, RateLimitOverride,
+    };
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use envoy_types::pb::google::protobuf::UInt64Value;
 
-    inside_window(3600, 5).await;
+    let grpc = format!("127.0.0.1:{}", tollgate_testkit::free_port());
+    // The gRPC target's requests carry their own limit in the domain `tollgate-bench`; as
+    // upstream, a request's limit counts only in a domain the server declares.
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("bench.yaml");
+    std::fs::write(&yaml, "domain: tollgate-bench\n").unwrap();
+    let server =
+        Tollgate::start("", &["--grpc-listen", &grpc, "--envoy-config", yaml.to_str().unwrap()]).await;
+    let counted = bench_until_spent(&[
+        "--target",
+        &server.base,
+        "--algorithm",
+        "sliding-window-counter",
+        "--period",
+        "1y",
+    ]);
+    let rule = serde_json::json!([{"algorithm": "sliding_window_counter", "limit": 50, "period": "1y"}]);
+    let mut spent = [0; 3];
+    for (k, spent) in spent.iter_mut().enumerate() {
+        let (status, body) =
+            server.check(serde_json::json!({"key": format!("k{k}"), "limits": rule, "cost": 0})).await;
+        assert!(status == 200 || status == 429, "{status} {body}");
+        *spent = 50 - body["remaining"].as_u64().unwrap();
+    }
+    assert_counted(counted, spent);
+
+    // The runs (a few seconds; at most ten) stay inside one clock hour.
+    inside_window(3600, 30).await;
     let target = format!("grpc://{grpc}");
-    let summary = bench(&["--target", &target, "--algorithm", "fixed-window", "--period", "1h"]);
-    assert_exact(&summary);
+    let counted = bench_until_spent(&["--target", &target, "--algorithm", "fixed-window", "--period", "1h"]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{grpc}")).await.unwrap();
+    let mut spent = [0; 3];
+    for (k, spent) in spent.iter_mut().enumerate() {
+        let descriptor = RateLimitDescriptor {
+            entries: vec![Entry { key: "bench_key".into(), value: format!("k{k}") }],
+            limit: Some(RateLimitOverride { requests_per_unit: 50, unit: Unit::Hour as i32 }),
+            hits_addend: Some(UInt64Value { value: 0 }),
+            ..Default::default()
+        };
+        let request = RateLimitRequest {
+            domain: "tollgate-bench".into(),
+            descriptors: vec![descriptor],
+            hits_addend: 0,
+        };
+        let r = client.should_rate_limit(request).await.unwrap().into_inner();
+        *spent = 50 - u64::from(r.statuses[0].limit_remaining);
+    }
+    assert_counted(counted, spent);
+
+    // Undeclared, the domain limits nothing: every request is admitted.
+    let plain = format!("127.0.0.1:{}", tollgate_testkit::free_port());
+    let _undeclared = Tollgate::start("", &["--grpc-listen", &plain]).await;
+    let summary =
+        bench(&["--target", &format!("grpc://{plain}"), "--algorithm", "fixed-window", "--period", "1h"]);
+    assert!(summary["decisions"].as_u64().unwrap() > 0, "{summary}");
+    assert_eq!(summary["denied"].as_u64(), Some(0), "{summary}");
 
     // What the gRPC target cannot express is refused up front.
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))

@@ -57,6 +57,72 @@ async fn a_changed_file_is_applied_and_a_broken_one_refused() {
     assert!(fixed, "{}", server.logs());
 }
 
+/// `check-config` on Envoy YAML is upstream's `ratelimit_config_check`: the file checked as
+/// `serve --envoy-config` reads it, its domains listed, or the file and the reason.
+#[test]
+fn check_config_checks_envoy_yaml_too() {
+    let check = |args: &[&std::ffi::OsStr]| {
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_tollgate")).arg("check-config").args(args).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let edge = dir.path().join("edge.yaml");
+    std::fs::write(&edge, "domain: edge\ndescriptors:\n  - key: ip\n    rate_limit: {unit: SECOND, requests_per_unit: 10}\n  - key: health\n    rate_limit: {unlimited: true}\n").unwrap();
+    let (ok, stdout, _) = check(&[edge.as_os_str()]);
+    assert!(ok && stdout.contains("edge.yaml: ok, 1 domain: edge"), "{stdout}");
+
+    // A directory: every file, subfolders too.
+    std::fs::create_dir_all(dir.path().join("team")).unwrap();
+    std::fs::write(dir.path().join("team/internal.yml"), "domain: internal\n").unwrap();
+    let (ok, stdout, _) = check(&[dir.path().as_os_str()]);
+    assert!(ok && stdout.contains("ok, 2 domains: edge, internal"), "{stdout}");
+
+    // Refused as upstream refuses it, naming the file; with the parser's line where it has one.
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "domain: bad\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, unlimited: true}\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = check(&[bad.as_os_str()]);
+    assert!(
+        !ok && stderr.contains("bad.yaml: should not specify rate limit unit when unlimited"),
+        "{stderr}"
+    );
+    std::fs::write(&bad, "domain: bad\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: day\n      requests_per_unit: -3\n").unwrap();
+    let (ok, _, stderr) = check(&[bad.as_os_str()]);
+    assert!(
+        !ok && stderr.contains("bad.yaml: error loading config file") && stderr.contains("line 6"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = check(&[dir.path().as_os_str()]);
+    assert!(!ok && stderr.contains("bad.yaml"), "the directory's bad file: {stderr}");
+
+    // Two files of one domain: refused, or merged with upstream's MERGE_DOMAIN_CONFIG.
+    std::fs::remove_file(&bad).unwrap();
+    std::fs::write(
+        dir.path().join("edge-more.yaml"),
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = check(&[dir.path().as_os_str()]);
+    assert!(!ok && stderr.contains("duplicate domain 'edge'"), "{stderr}");
+    let (ok, stdout, _) = check(&[dir.path().as_os_str(), "--envoy-merge-domains".as_ref()]);
+    assert!(ok && stdout.contains("ok, 2 domains: edge, internal"), "{stdout}");
+
+    // An upstream key where it means nothing: accepted, with a warning.
+    let odd = dir.path().join("odd.yaml");
+    std::fs::write(&odd, "domain: odd\nshadow_mode: true\n").unwrap();
+    let (ok, stdout, stderr) = check(&[odd.as_os_str()]);
+    assert!(ok && stdout.contains("ok, 1 domain: odd"), "{stdout}");
+    assert!(stderr.contains("warning: ") && stderr.contains("shadow_mode"), "{stderr}");
+}
+
 #[test]
 fn check_config_accepts_the_example_and_names_the_line_of_a_mistake() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tollgate.example.toml");

@@ -1,16 +1,19 @@
 //! The Envoy rate-limit service over gRPC, called by a tonic client over loopback, configured by
-//! an envoyproxy/ratelimit-style YAML file.
+//! an envoyproxy/ratelimit-style YAML file: each test pins an answer envoyproxy/ratelimit gives
+//! (its `src/service/ratelimit.go` and `src/config/config_impl.go`), or Tollgate's option.
 
 mod common;
 
-use common::{Tollgate, inside_window};
+use std::time::Duration;
+
+use common::{Tollgate, eventually, inside_window};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, rate_limit::Unit};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use tonic::transport::Channel;
 
@@ -19,6 +22,9 @@ domain: edge
 descriptors:
   - key: remote_address
     rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit: {unit: hour, requests_per_unit: 0}
   - key: path
     value: /login
     rate_limit: {unit: hour, requests_per_unit: 1, name: login}
@@ -26,8 +32,11 @@ descriptors:
     value: /api/*
     rate_limit: {unit: hour, requests_per_unit: 5}
   - key: path
+    value: /users/*/orders
+    rate_limit: {unit: HOUR, requests_per_unit: 1}
+  - key: path
     value: /health
-    rate_limit: {unit: second, unlimited: true}
+    rate_limit: {unlimited: true}
   - key: plan
     value: trial
     rate_limit: {unit: hour, requests_per_unit: 1}
@@ -42,6 +51,18 @@ descriptors:
     rate_limits:
       - {unit: second, requests_per_unit: 3, unit_multiplier: 3600}
       - {unit: hour, requests_per_unit: 100, algorithm: gcra, burst: 2}
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: batch
+    value: nightly
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: batch
+    value: weekly
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
 "#;
 
 fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
@@ -55,17 +76,34 @@ fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
     RateLimitRequest { domain: "edge".into(), descriptors, hits_addend: 0 }
 }
 
-async fn start() -> (Tollgate, RateLimitServiceClient<Channel>, tempfile::TempDir, String) {
+fn with_limit(mut d: RateLimitDescriptor, requests_per_unit: u32, unit: Unit) -> RateLimitDescriptor {
+    d.limit = Some(RateLimitOverride { requests_per_unit, unit: unit as i32 });
+    d
+}
+
+fn with_hits(mut d: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
+    d.hits_addend = Some(UInt64Value { value: hits });
+    d
+}
+
+async fn start_with(
+    extra: &[&str],
+) -> (Tollgate, RateLimitServiceClient<Channel>, tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
     let yaml = dir.path().join("edge.yaml");
     std::fs::write(&yaml, YAML).unwrap();
     let port = tollgate_testkit::free_port();
     let listen = format!("127.0.0.1:{port}");
-    let server =
-        Tollgate::start("", &["--grpc-listen", &listen, "--envoy-config", yaml.to_str().unwrap()]).await;
+    let mut args = vec!["--grpc-listen", &listen, "--envoy-config", yaml.to_str().unwrap()];
+    args.extend(extra);
+    let server = Tollgate::start("", &args).await;
     let client = RateLimitServiceClient::connect(format!("http://{listen}")).await.unwrap();
     inside_window(3600, 5).await;
     (server, client, dir, listen)
+}
+
+async fn start() -> (Tollgate, RateLimitServiceClient<Channel>, tempfile::TempDir, String) {
+    start_with(&[]).await
 }
 
 /// Codes of one request's statuses, and its overall code.
@@ -74,11 +112,22 @@ async fn codes(client: &mut RateLimitServiceClient<Channel>, req: RateLimitReque
     (r.overall_code(), r.statuses.iter().map(|s| s.code()).collect())
 }
 
+/// Each status's code and `limit_remaining`, `None` where it has no current limit.
+type Each = Vec<(Code, Option<u32>)>;
+
+/// One request's overall code, and each status's code and remaining.
+async fn answer(client: &mut RateLimitServiceClient<Channel>, req: RateLimitRequest) -> (Code, Each) {
+    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    let each =
+        r.statuses.iter().map(|s| (s.code(), s.current_limit.as_ref().map(|_| s.limit_remaining))).collect();
+    (r.overall_code(), each)
+}
+
 #[tokio::test]
-async fn descriptors_match_most_specific_first_and_count_per_value() {
+async fn descriptors_match_and_answer_as_upstream() {
     let (_server, mut client, _dir, _) = start().await;
     let ip = |v: &str| request(vec![descriptor(&[("remote_address", v)])]);
-    assert_eq!(codes(&mut client, ip("10.0.0.1")).await, (Code::Ok, vec![Code::Ok]));
+    assert_eq!(answer(&mut client, ip("10.0.0.1")).await, (Code::Ok, vec![(Code::Ok, Some(1))]));
     let r = client.should_rate_limit(ip("10.0.0.1")).await.unwrap().into_inner();
     let status = &r.statuses[0];
     assert_eq!((status.code(), status.limit_remaining), (Code::Ok, 0));
@@ -86,27 +135,51 @@ async fn descriptors_match_most_specific_first_and_count_per_value() {
     assert_eq!((limit.requests_per_unit, limit.unit()), (2, Unit::Hour));
     let reset = status.duration_until_reset.as_ref().unwrap();
     assert!(reset.seconds > 0 && reset.seconds <= 3600, "{reset:?}");
-    assert_eq!(codes(&mut client, ip("10.0.0.1")).await, (Code::OverLimit, vec![Code::OverLimit]));
+    // Over the limit, nothing remains (upstream answers 0, not what the refused hits left).
+    assert_eq!(
+        answer(&mut client, ip("10.0.0.1")).await,
+        (Code::OverLimit, vec![(Code::OverLimit, Some(0))])
+    );
     assert_eq!(codes(&mut client, ip("10.0.0.2")).await.0, Code::Ok, "each value has its own count");
 
-    // Prefixes, the longest match, and no match at all (OK, no current limit).
+    // Wildcards, at the end of a value or in its middle, each value counted apart; no match
+    // at all is OK without a current limit.
     let path = |p: &str| request(vec![descriptor(&[("path", p)])]);
     let r = client.should_rate_limit(path("/api/orders")).await.unwrap().into_inner();
     assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 5);
-    let r = client.should_rate_limit(path("/nowhere")).await.unwrap().into_inner();
-    assert_eq!((r.overall_code(), r.statuses[0].current_limit.is_none()), (Code::Ok, true));
+    assert_eq!(answer(&mut client, path("/users/7/orders")).await, (Code::Ok, vec![(Code::Ok, Some(0))]));
+    assert_eq!(codes(&mut client, path("/users/7/orders")).await.0, Code::OverLimit);
+    assert_eq!(codes(&mut client, path("/users/8/orders")).await.0, Code::Ok);
+    assert_eq!(answer(&mut client, path("/users/7/carts")).await, (Code::Ok, vec![(Code::Ok, None)]));
+    assert_eq!(answer(&mut client, path("/nowhere")).await, (Code::Ok, vec![(Code::Ok, None)]));
+    // Unlimited: OK with u32::MAX remaining and no current limit, every time.
     for _ in 0..5 {
         let r = client.should_rate_limit(path("/health")).await.unwrap().into_inner();
-        assert_eq!(
-            (r.statuses[0].code(), r.statuses[0].current_limit.is_none()),
-            (Code::Ok, true),
-            "unlimited"
-        );
+        let s = &r.statuses[0];
+        assert_eq!((s.code(), s.limit_remaining, s.current_limit.is_none()), (Code::Ok, u32::MAX, true));
     }
 }
 
 #[tokio::test]
-async fn hits_addend_overrides_shadow_mode_and_replaces() {
+async fn a_block_list_refuses_every_request() {
+    let (_server, mut client, _dir, _) = start().await;
+    let blocked = || request(vec![descriptor(&[("remote_address", "50.0.0.5")])]);
+    for _ in 0..3 {
+        let r = client.should_rate_limit(blocked()).await.unwrap().into_inner();
+        let s = &r.statuses[0];
+        assert_eq!((r.overall_code(), s.code(), s.limit_remaining), (Code::OverLimit, Code::OverLimit, 0));
+        let limit = s.current_limit.as_ref().unwrap();
+        assert_eq!((limit.requests_per_unit, limit.unit()), (0, Unit::Hour));
+        let reset = s.duration_until_reset.as_ref().unwrap();
+        assert!(reset.seconds > 0 && reset.seconds <= 3600, "{reset:?}");
+    }
+    // Checking without a hit refuses too.
+    let peek = request(vec![with_hits(descriptor(&[("remote_address", "50.0.0.5")]), 0)]);
+    assert_eq!(codes(&mut client, peek).await.0, Code::OverLimit);
+}
+
+#[tokio::test]
+async fn hits_addend_shadow_mode_and_replaces() {
     let (_server, mut client, _dir, _) = start().await;
     // Request-level hits: 4 of /api's 5.
     let mut req = request(vec![descriptor(&[("path", "/api/x")])]);
@@ -114,45 +187,193 @@ async fn hits_addend_overrides_shadow_mode_and_replaces() {
     let r = client.should_rate_limit(req).await.unwrap().into_inner();
     assert_eq!(r.statuses[0].limit_remaining, 1);
     // Descriptor-level hits 0: a check that counts nothing.
-    let mut d = descriptor(&[("path", "/api/x")]);
-    d.hits_addend = Some(UInt64Value { value: 0 });
     for _ in 0..3 {
-        let r = client.should_rate_limit(request(vec![d.clone()])).await.unwrap().into_inner();
-        assert_eq!((r.statuses[0].code(), r.statuses[0].limit_remaining), (Code::Ok, 1));
+        let d = with_hits(descriptor(&[("path", "/api/x")]), 0);
+        assert_eq!(answer(&mut client, request(vec![d])).await, (Code::Ok, vec![(Code::Ok, Some(1))]));
     }
-    // More hits than the limit holds: over the limit.
-    let mut d = descriptor(&[("path", "/api/y")]);
-    d.hits_addend = Some(UInt64Value { value: 6 });
-    assert_eq!(codes(&mut client, request(vec![d])).await.0, Code::OverLimit);
+    // More hits than the limit holds: over the limit, nothing remaining.
+    let d = with_hits(descriptor(&[("path", "/api/y")]), 6);
+    assert_eq!(
+        answer(&mut client, request(vec![d])).await,
+        (Code::OverLimit, vec![(Code::OverLimit, Some(0))])
+    );
 
-    // The request's own limit overrides the file's.
-    let mut d = descriptor(&[("remote_address", "override")]);
-    d.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: Unit::Day as i32 });
-    assert_eq!(codes(&mut client, request(vec![d.clone()])).await.0, Code::Ok);
-    let r = client.should_rate_limit(request(vec![d])).await.unwrap().into_inner();
-    assert_eq!(r.overall_code(), Code::OverLimit);
-    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().unit(), Unit::Day);
-
-    // Shadow mode: counted, never refusing.
+    // Shadow mode: counted, never refusing; past its limit it reports 0 remaining.
     let trial = || request(vec![descriptor(&[("plan", "trial")])]);
-    for _ in 0..3 {
-        assert_eq!(codes(&mut client, trial()).await.0, Code::Ok);
+    assert_eq!(answer(&mut client, trial()).await, (Code::Ok, vec![(Code::Ok, Some(0))]));
+    for _ in 0..2 {
+        assert_eq!(answer(&mut client, trial()).await, (Code::Ok, vec![(Code::Ok, Some(0))]));
     }
 
-    // `login` (1 an hour) is replaced by the gold tier's limit when both apply.
+    // `login` (1 an hour) is replaced by the gold tier's limit when both apply: not counted.
     let both =
         || request(vec![descriptor(&[("path", "/login")]), descriptor(&[("user", "u1"), ("tier", "gold")])]);
-    for _ in 0..3 {
-        let (overall, each) = codes(&mut client, both()).await;
-        assert_eq!((overall, &each[..]), (Code::Ok, &[Code::Ok, Code::Ok][..]));
+    for left in [9, 8, 7] {
+        assert_eq!(
+            answer(&mut client, both()).await,
+            (Code::Ok, vec![(Code::Ok, None), (Code::Ok, Some(left))])
+        );
     }
     let login = || request(vec![descriptor(&[("path", "/login")])]);
-    assert_eq!(codes(&mut client, login()).await.0, Code::Ok);
-    assert_eq!(codes(&mut client, login()).await.0, Code::OverLimit, "alone, login applies");
+    assert_eq!(codes(&mut client, login()).await.0, Code::Ok, "alone, login applies, and was never charged");
+    assert_eq!(codes(&mut client, login()).await.0, Code::OverLimit);
 
     // Overall: over the limit when any descriptor is.
     let mixed = request(vec![descriptor(&[("path", "/login")]), descriptor(&[("path", "/api/z")])]);
     assert_eq!(codes(&mut client, mixed).await, (Code::OverLimit, vec![Code::OverLimit, Code::Ok]));
+}
+
+#[tokio::test]
+async fn a_requests_own_limit_applies_only_in_a_known_domain() {
+    let (_server, mut client, _dir, _) = start().await;
+    // In a known domain it applies to any descriptor, even one the file does not name.
+    let unknown_key = || request(vec![with_limit(descriptor(&[("nowhere", "x")]), 1, Unit::Day)]);
+    assert_eq!(answer(&mut client, unknown_key()).await, (Code::Ok, vec![(Code::Ok, Some(0))]));
+    let r = client.should_rate_limit(unknown_key()).await.unwrap().into_inner();
+    assert_eq!(r.overall_code(), Code::OverLimit);
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit()), (1, Unit::Day));
+    // And it replaces the file's limit, an unlimited one included.
+    let health = || request(vec![with_limit(descriptor(&[("path", "/health")]), 1, Unit::Hour)]);
+    assert_eq!(codes(&mut client, health()).await.0, Code::Ok);
+    assert_eq!(codes(&mut client, health()).await.0, Code::OverLimit);
+    // A limit of 0 refuses.
+    let zero = request(vec![with_limit(descriptor(&[("remote_address", "z")]), 0, Unit::Hour)]);
+    assert_eq!(answer(&mut client, zero).await, (Code::OverLimit, vec![(Code::OverLimit, Some(0))]));
+    // In an unknown domain it is ignored: nothing is limited.
+    for _ in 0..3 {
+        let mut other = request(vec![with_limit(descriptor(&[("k", "v")]), 1, Unit::Day)]);
+        other.domain = "elsewhere".into();
+        assert_eq!(answer(&mut client, other).await, (Code::Ok, vec![(Code::Ok, None)]));
+    }
+}
+
+#[tokio::test]
+async fn each_descriptor_is_charged_on_its_own_by_default() {
+    let (_server, mut client, _dir, _) = start().await;
+    let both = || request(vec![descriptor(&[("remote_address", "a")]), descriptor(&[("path", "/login")])]);
+    assert_eq!(answer(&mut client, both()).await, (Code::Ok, vec![(Code::Ok, Some(1)), (Code::Ok, Some(0))]));
+    // /login is spent: the request is refused, and the address is charged all the same, as
+    // upstream charges it.
+    assert_eq!(
+        answer(&mut client, both()).await,
+        (Code::OverLimit, vec![(Code::Ok, Some(0)), (Code::OverLimit, Some(0))])
+    );
+    let alone = request(vec![descriptor(&[("remote_address", "a")])]);
+    assert_eq!(codes(&mut client, alone).await.0, Code::OverLimit, "the address was charged");
+
+    // The same counter named twice: charged once per descriptor, in order.
+    let twice =
+        || request(vec![descriptor(&[("remote_address", "b")]), descriptor(&[("remote_address", "b")])]);
+    assert_eq!(
+        answer(&mut client, twice()).await,
+        (Code::Ok, vec![(Code::Ok, Some(1)), (Code::Ok, Some(0))])
+    );
+    assert_eq!(codes(&mut client, twice()).await, (Code::OverLimit, vec![Code::OverLimit, Code::OverLimit]));
+    // Two hits on a counter with one left: the first descriptor's hit fits, the second's not.
+    let three = request(vec![
+        descriptor(&[("remote_address", "b2")]),
+        with_hits(descriptor(&[("remote_address", "b2")]), 2),
+    ]);
+    assert_eq!(
+        answer(&mut client, three).await,
+        (Code::OverLimit, vec![(Code::Ok, Some(1)), (Code::OverLimit, Some(0))])
+    );
+
+    // A descriptor over its limit whatever the count is refused alone; the others are charged.
+    let big = with_hits(descriptor(&[("remote_address", "c")]), 3);
+    let r = answer(&mut client, request(vec![big, descriptor(&[("path", "/api/q")])])).await;
+    assert_eq!(r, (Code::OverLimit, vec![(Code::OverLimit, Some(0)), (Code::Ok, Some(4))]));
+}
+
+/// Tollgate's option: a request one descriptor refuses is charged to none of them.
+#[tokio::test]
+async fn all_or_nothing_is_an_option() {
+    let (_server, mut client, _dir, _) = start_with(&["--envoy-all-or-nothing"]).await;
+    let both = || request(vec![descriptor(&[("remote_address", "a")]), descriptor(&[("path", "/login")])]);
+    assert_eq!(answer(&mut client, both()).await, (Code::Ok, vec![(Code::Ok, Some(1)), (Code::Ok, Some(0))]));
+    // /login is spent: the request is refused, and the address's hour is not charged for it.
+    assert_eq!(
+        answer(&mut client, both()).await,
+        (Code::OverLimit, vec![(Code::Ok, Some(1)), (Code::OverLimit, Some(0))])
+    );
+    let alone = request(vec![descriptor(&[("remote_address", "a")])]);
+    assert_eq!(
+        answer(&mut client, alone).await.1,
+        [(Code::Ok, Some(0))],
+        "one unit was left for the address"
+    );
+
+    // The same counter named twice asks it for both hits at once.
+    let twice =
+        || request(vec![descriptor(&[("remote_address", "b")]), descriptor(&[("remote_address", "b")])]);
+    assert_eq!(
+        answer(&mut client, twice()).await,
+        (Code::Ok, vec![(Code::Ok, Some(0)), (Code::Ok, Some(0))])
+    );
+    assert_eq!(codes(&mut client, twice()).await.0, Code::OverLimit);
+
+    // A descriptor over its limit whatever the count, or a block list, refuses the request;
+    // the others are only looked at.
+    for refusing in
+        [with_hits(descriptor(&[("remote_address", "c")]), 3), descriptor(&[("remote_address", "50.0.0.5")])]
+    {
+        let r = answer(&mut client, request(vec![refusing, descriptor(&[("path", "/api/q")])])).await;
+        assert_eq!(r, (Code::OverLimit, vec![(Code::OverLimit, Some(0)), (Code::Ok, Some(5))]));
+    }
+    let r = client.should_rate_limit(request(vec![descriptor(&[("path", "/api/q")])])).await.unwrap();
+    assert_eq!(
+        r.into_inner().statuses[0].limit_remaining,
+        4,
+        "/api/q was not charged by the refused requests"
+    );
+
+    // Shadow-mode descriptors are decided alone and block nothing.
+    let with_trial = || request(vec![descriptor(&[("plan", "trial")]), descriptor(&[("path", "/api/s")])]);
+    assert_eq!(
+        answer(&mut client, with_trial()).await,
+        (Code::Ok, vec![(Code::Ok, Some(0)), (Code::Ok, Some(4))])
+    );
+    assert_eq!(
+        answer(&mut client, with_trial()).await,
+        (Code::Ok, vec![(Code::Ok, Some(0)), (Code::Ok, Some(3))])
+    );
+}
+
+/// Upstream's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: a request with any descriptor over its
+/// limit, shadow and quota-mode ones included, is charged to none.
+#[tokio::test]
+async fn stop_increment_when_over_limit_is_an_option() {
+    let (_server, mut client, _dir, _) = start_with(&["--envoy-stop-increment-when-over-limit"]).await;
+    let both = || request(vec![descriptor(&[("remote_address", "a")]), descriptor(&[("path", "/login")])]);
+    assert_eq!(answer(&mut client, both()).await, (Code::Ok, vec![(Code::Ok, Some(1)), (Code::Ok, Some(0))]));
+    assert_eq!(
+        answer(&mut client, both()).await,
+        (Code::OverLimit, vec![(Code::Ok, Some(1)), (Code::OverLimit, Some(0))])
+    );
+    // A shadow-mode descriptor over its limit answers OK, and stops the others' charges.
+    let with_trial = || request(vec![descriptor(&[("plan", "trial")]), descriptor(&[("path", "/api/s")])]);
+    assert_eq!(
+        answer(&mut client, with_trial()).await,
+        (Code::Ok, vec![(Code::Ok, Some(0)), (Code::Ok, Some(4))])
+    );
+    for _ in 0..2 {
+        assert_eq!(
+            answer(&mut client, with_trial()).await,
+            (Code::Ok, vec![(Code::Ok, Some(0)), (Code::Ok, Some(4))]),
+            "/api/s is not charged while the trial is over"
+        );
+    }
+    // So does a quota-mode one.
+    let with_quota = || request(vec![descriptor(&[("batch", "nightly")]), descriptor(&[("path", "/api/t")])]);
+    assert_eq!(
+        answer(&mut client, with_quota()).await,
+        (Code::Ok, vec![(Code::Ok, Some(0)), (Code::Ok, Some(4))])
+    );
+    assert_eq!(
+        answer(&mut client, with_quota()).await,
+        (Code::OverLimit, vec![(Code::OverLimit, Some(0)), (Code::Ok, Some(4))])
+    );
 }
 
 #[tokio::test]
@@ -170,45 +391,45 @@ async fn several_limits_on_one_descriptor_are_all_or_nothing() {
 }
 
 #[tokio::test]
-async fn the_descriptors_of_one_request_are_all_or_nothing() {
+async fn shared_thresholds_and_quota_mode() {
     let (_server, mut client, _dir, _) = start().await;
-    let remaining = |r: &RateLimitResponse| r.statuses.iter().map(|s| s.limit_remaining).collect::<Vec<_>>();
-    let both = || request(vec![descriptor(&[("remote_address", "a")]), descriptor(&[("path", "/login")])]);
-    let r = client.should_rate_limit(both()).await.unwrap().into_inner();
-    assert_eq!((r.overall_code(), remaining(&r)), (Code::Ok, vec![1, 0]));
-    // /login is spent: the request is refused, and the address's hour is not charged for it.
-    let r = client.should_rate_limit(both()).await.unwrap().into_inner();
-    let each: Vec<Code> = r.statuses.iter().map(|s| s.code()).collect();
-    assert_eq!(
-        (r.overall_code(), each, remaining(&r)),
-        (Code::OverLimit, vec![Code::Ok, Code::OverLimit], vec![1, 0])
-    );
-    let r = client.should_rate_limit(request(vec![descriptor(&[("remote_address", "a")])])).await.unwrap();
-    assert_eq!(remaining(&r.into_inner()), [0], "one unit was left for the address");
+    // Values matching a share_threshold wildcard spend one counter.
+    let file = |f: &str| request(vec![descriptor(&[("files", f)])]);
+    assert_eq!(answer(&mut client, file("files/a.pdf")).await.1, [(Code::Ok, Some(1))]);
+    assert_eq!(answer(&mut client, file("files/b.csv")).await.1, [(Code::Ok, Some(0))]);
+    assert_eq!(codes(&mut client, file("files/c.txt")).await.0, Code::OverLimit);
 
-    // The same counter named twice asks it for both hits.
-    let twice =
-        || request(vec![descriptor(&[("remote_address", "b")]), descriptor(&[("remote_address", "b")])]);
-    let r = client.should_rate_limit(twice()).await.unwrap().into_inner();
-    assert_eq!((r.overall_code(), remaining(&r)), (Code::Ok, vec![0, 0]));
-    assert_eq!(codes(&mut client, twice()).await.0, Code::OverLimit);
-
-    // A descriptor over its limit whatever the count refuses the request; the others are only
-    // looked at.
-    let mut big = descriptor(&[("remote_address", "c")]);
-    big.hits_addend = Some(UInt64Value { value: 3 });
-    let r = client
-        .should_rate_limit(request(vec![big, descriptor(&[("path", "/api/q")])]))
-        .await
-        .unwrap()
-        .into_inner();
-    let each: Vec<Code> = r.statuses.iter().map(|s| s.code()).collect();
+    // Quota mode: a descriptor over its limit refuses the request only when every quota-mode
+    // descriptor of it is over.
+    let batch = |names: &[&str]| request(names.iter().map(|n| descriptor(&[("batch", n)])).collect());
+    assert_eq!(codes(&mut client, batch(&["nightly"])).await, (Code::Ok, vec![Code::Ok]));
     assert_eq!(
-        (r.overall_code(), each, remaining(&r)),
-        (Code::OverLimit, vec![Code::OverLimit, Code::Ok], vec![0, 5])
+        codes(&mut client, batch(&["nightly", "weekly"])).await,
+        (Code::Ok, vec![Code::OverLimit, Code::Ok]),
+        "one quota left: OK"
     );
-    let r = client.should_rate_limit(request(vec![descriptor(&[("path", "/api/q")])])).await.unwrap();
-    assert_eq!(remaining(&r.into_inner()), [4], "/api/q was not charged by the refused request");
+    assert_eq!(
+        codes(&mut client, batch(&["nightly", "weekly"])).await,
+        (Code::OverLimit, vec![Code::OverLimit, Code::OverLimit])
+    );
+    assert_eq!(codes(&mut client, batch(&["nightly"])).await.0, Code::OverLimit);
+}
+
+#[tokio::test]
+async fn empty_requests_and_descriptors() {
+    let (_server, mut client, _dir, _) = start().await;
+    // No descriptors at all: refused, as upstream refuses it.
+    let err = client.should_rate_limit(request(vec![])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    // A descriptor without entries matches nothing...
+    assert_eq!(answer(&mut client, request(vec![descriptor(&[])])).await, (Code::Ok, vec![(Code::Ok, None)]));
+    // ...but a limit of its own counts, under the domain alone.
+    let own = || request(vec![with_limit(descriptor(&[]), 1, Unit::Hour)]);
+    assert_eq!(codes(&mut client, own()).await.0, Code::Ok);
+    assert_eq!(codes(&mut client, own()).await.0, Code::OverLimit);
+    // An empty value is a value.
+    let empty = || request(vec![descriptor(&[("remote_address", "")])]);
+    assert_eq!(answer(&mut client, empty()).await.1, [(Code::Ok, Some(1))]);
 }
 
 const EVERY_ALGORITHM: &str = r#"
@@ -262,11 +483,11 @@ async fn bad_requests_are_invalid_argument() {
     let mut no_domain = request(vec![descriptor(&[("k", "v")])]);
     no_domain.domain = String::new();
     let too_many = request((0..65).map(|i| descriptor(&[("k", &i.to_string())])).collect());
-    let no_entries = request(vec![descriptor(&[])]);
+    let no_descriptors = request(vec![]);
     let long_value = request(vec![descriptor(&[("k", &"v".repeat(300))])]);
     let mut bad_unit = descriptor(&[("k", "v")]);
     bad_unit.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: 99 });
-    for req in [no_domain, too_many, no_entries, long_value, request(vec![bad_unit])] {
+    for req in [no_domain, too_many, no_descriptors, long_value, request(vec![bad_unit])] {
         let err = client.should_rate_limit(req).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     }
@@ -303,68 +524,138 @@ async fn the_standard_health_service_answers_serving() {
     assert_eq!(unknown.code(), tonic::Code::NotFound);
 }
 
+/// The limit the file gives `reloaded=x` now (peeked), `None` when none applies.
+async fn reloaded_limit(client: &mut RateLimitServiceClient<Channel>) -> Option<u32> {
+    let peek = request(vec![with_hits(descriptor(&[("reloaded", "x")]), 0)]);
+    let r = client.should_rate_limit(peek).await.unwrap().into_inner();
+    r.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit)
+}
+
+/// Replaces `path` as an editor or `kubectl cp` would: a new file renamed over the old.
+fn replace(path: &std::path::Path, text: &str) {
+    let new = path.with_extension("new");
+    std::fs::write(&new, text).unwrap();
+    std::fs::rename(&new, path).unwrap();
+}
+
+fn reloaded_yaml(requests_per_unit: u32) -> String {
+    format!(
+        "domain: edge\ndescriptors:\n  - key: reloaded\n    rate_limit: {{unit: hour, requests_per_unit: {requests_per_unit}}}\n"
+    )
+}
+
 #[tokio::test]
 async fn the_yaml_is_reloaded_and_a_broken_one_refused() {
     let (server, mut client, dir, _) = start().await;
     let yaml = dir.path().join("edge.yaml");
     let one = || request(vec![descriptor(&[("reloaded", "x")])]);
+    assert_eq!(answer(&mut client, one()).await, (Code::Ok, vec![(Code::Ok, None)]));
+
+    // A block list added, then lifted.
+    replace(&yaml, &reloaded_yaml(0));
+    let blocked = eventually(Duration::from_secs(10), || async {
+        reloaded_limit(&mut client.clone()).await == Some(0)
+    });
+    assert!(blocked.await, "not reloaded:\n{}", server.logs());
+    assert_eq!(codes(&mut client, one()).await.0, Code::OverLimit);
+    replace(&yaml, &reloaded_yaml(1));
+    let lifted = eventually(Duration::from_secs(10), || async {
+        reloaded_limit(&mut client.clone()).await == Some(1)
+    });
+    assert!(lifted.await, "not reloaded:\n{}", server.logs());
     assert_eq!(codes(&mut client, one()).await.0, Code::Ok);
-    let limited =
-        "domain: edge\ndescriptors:\n  - key: reloaded\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
-    std::fs::write(dir.path().join("edge.yaml.new"), limited).unwrap();
-    std::fs::rename(dir.path().join("edge.yaml.new"), &yaml).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let r = client.should_rate_limit(one()).await.unwrap().into_inner();
-        if r.statuses[0].current_limit.is_some() {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "not reloaded:\n{}", server.logs());
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
     assert_eq!(codes(&mut client, one()).await.0, Code::OverLimit);
 
+    // A file upstream refuses keeps the last good configuration.
     std::fs::write(
         &yaml,
-        "domain: edge\ndescriptors:\n  - key: reloaded\n    rate_limit: {unit: fortnight}\n",
+        "domain: edge\ndescriptors:\n  - key: reloaded\n    rate_limit: {unit: day, unlimited: true}\n",
     )
     .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while !server.logs().contains("Envoy configuration reload refused") {
-        assert!(std::time::Instant::now() < deadline, "{}", server.logs());
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert_eq!(codes(&mut client, one()).await.0, Code::OverLimit, "the last good configuration stays");
+    let refused = eventually(Duration::from_secs(10), || async {
+        server.logs().contains("Envoy configuration reload refused")
+    });
+    assert!(refused.await, "{}", server.logs());
+    assert!(server.logs().contains("should not specify rate limit unit when unlimited"), "{}", server.logs());
+    assert_eq!(reloaded_limit(&mut client).await, Some(1), "the last good configuration stays");
+    assert_eq!(codes(&mut client, one()).await.0, Code::OverLimit);
+}
+
+/// A Kubernetes ConfigMap mounted as `--envoy-config DIR`: kubelet swaps the `..data` symlink
+/// to a new directory in one rename; the new files apply, read once (the `..` copies are
+/// skipped); a subfolder's files are read and watched too.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_config_map_swap_is_reloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mount = dir.path().join("config");
+    let version = |n: u32, limit: u32| {
+        let data = mount.join(format!("..2026_01_01_00_00_0{n}.1"));
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("edge.yaml"), reloaded_yaml(limit)).unwrap();
+        let link = mount.join("..data_tmp");
+        std::os::unix::fs::symlink(data.file_name().unwrap(), &link).unwrap();
+        std::fs::rename(&link, mount.join("..data")).unwrap();
+    };
+    std::fs::create_dir_all(&mount).unwrap();
+    version(1, 1);
+    std::os::unix::fs::symlink("..data/edge.yaml", mount.join("edge.yaml")).unwrap();
+    std::fs::create_dir_all(mount.join("local")).unwrap();
+    std::fs::write(mount.join("local/extra.yaml"), "domain: extra\n").unwrap();
+
+    let listen = format!("127.0.0.1:{}", tollgate_testkit::free_port());
+    let server =
+        Tollgate::start("", &["--grpc-listen", &listen, "--envoy-config", mount.to_str().unwrap()]).await;
+    let mut client = RateLimitServiceClient::connect(format!("http://{listen}")).await.unwrap();
+    assert_eq!(reloaded_limit(&mut client).await, Some(1));
+
+    version(2, 7);
+    let swapped = eventually(Duration::from_secs(10), || async {
+        reloaded_limit(&mut client.clone()).await == Some(7)
+    });
+    assert!(swapped.await, "not reloaded:\n{}", server.logs());
+    // A file in a subfolder changing is seen too.
+    std::fs::write(mount.join("local/extra.yaml"), "domain: edge\n").unwrap();
+    let refused =
+        eventually(Duration::from_secs(10), || async { server.logs().contains("duplicate domain 'edge'") });
+    assert!(refused.await, "{}", server.logs());
+    assert_eq!(reloaded_limit(&mut client).await, Some(7), "the last good configuration stays");
 }
 
 #[tokio::test]
 async fn response_headers_report_the_most_restrictive_descriptor_when_enabled() {
-    let dir = tempfile::tempdir().unwrap();
-    let yaml = dir.path().join("edge.yaml");
-    std::fs::write(&yaml, YAML).unwrap();
-    let listen = format!("127.0.0.1:{}", tollgate_testkit::free_port());
-    let args = [
-        "--grpc-listen",
-        listen.as_str(),
-        "--envoy-config",
-        yaml.to_str().unwrap(),
-        "--envoy-response-headers",
-    ];
-    let _server = Tollgate::start("", &args).await;
-    let mut client = RateLimitServiceClient::connect(format!("http://{listen}")).await.unwrap();
-    inside_window(3600, 5).await;
-    let req = request(vec![descriptor(&[("path", "/api/h")]), descriptor(&[("remote_address", "h")])]);
-    let r = client.should_rate_limit(req).await.unwrap().into_inner();
-    let headers: Vec<(String, String)> =
-        r.response_headers_to_add.iter().map(|h| (h.key.clone(), h.value.clone())).collect();
+    let (_server, mut client, _dir, _) = start_with(&["--envoy-response-headers"]).await;
+    let headers = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        r.response_headers_to_add.iter().map(|h| (h.key.clone(), h.value.clone())).collect::<Vec<_>>()
+    };
+    let reset_of = |h: &[(String, String)]| {
+        assert_eq!(h[2].0, "RateLimit-Reset");
+        h[2].1.parse::<u64>().unwrap()
+    };
+    // Upstream's names and values: the limit alone, what remains, seconds to the reset.
+    let req = || request(vec![descriptor(&[("path", "/api/h")]), descriptor(&[("remote_address", "h")])]);
+    let r = client.should_rate_limit(req()).await.unwrap().into_inner();
+    let h = headers(&r);
     assert_eq!(
-        headers[0],
-        ("x-ratelimit-limit".to_owned(), "2, 2;w=3600".to_owned()),
+        h[..2],
+        [("RateLimit-Limit".into(), "2".into()), ("RateLimit-Remaining".into(), "1".into())],
         "remote_address has 1 left of 2"
     );
-    assert_eq!(headers[1], ("x-ratelimit-remaining".to_owned(), "1".to_owned()));
-    let reset: u64 = headers[2].1.parse().unwrap();
-    assert!(headers[2].0 == "x-ratelimit-reset" && (1..=3600).contains(&reset));
+    assert!((1..=3600).contains(&reset_of(&h)), "{h:?}");
+    // A refusing descriptor is reported, even after one left at 0 that admits (upstream's
+    // choice); the unlimited and the unmatched never are.
+    client.should_rate_limit(req()).await.unwrap();
+    let req =
+        request(vec![descriptor(&[("path", "/users/9/orders")]), descriptor(&[("remote_address", "h")])]);
+    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    let each: Vec<(Code, u32)> = r.statuses.iter().map(|s| (s.code(), s.limit_remaining)).collect();
+    assert_eq!(each, [(Code::Ok, 0), (Code::OverLimit, 0)]);
+    assert_eq!(
+        headers(&r)[..2],
+        [("RateLimit-Limit".into(), "2".into()), ("RateLimit-Remaining".into(), "0".into())]
+    );
+    let free = request(vec![descriptor(&[("path", "/health")]), descriptor(&[("path", "/nowhere")])]);
+    assert!(client.should_rate_limit(free).await.unwrap().into_inner().response_headers_to_add.is_empty());
     // Off by default.
     let (_plain, mut plain_client, _d, _) = start().await;
     let r = plain_client
@@ -403,7 +694,7 @@ async fn post_json_speaks_the_same_request() {
         "limit": {"requestsPerUnit": 1, "unit": "MINUTE"}, "hitsAddend": 2}]});
     assert_eq!(server.post("/json", &over).await.status(), 429, "2 hits against 1 a minute");
     for (bad, field) in [
-        (serde_json::json!({"domain": "edge", "descriptors": [{"entries": []}]}), "descriptors"),
+        (serde_json::json!({"domain": "edge", "descriptors": []}), "descriptors"),
         (
             serde_json::json!({"domain": "edge", "descriptors": [{"entries": [{"key": "k"}], "limit": {"requestsPerUnit": 1, "unit": "FORTNIGHT"}}]}),
             "descriptors",
@@ -449,7 +740,7 @@ async fn a_python_grpcio_client_speaks_the_same_wire() {
          or run scripts/test, which does",
         if std::env::var("CI").as_deref() == Ok("true") { " (CI=true)" } else { "" }
     );
-    let (_server, _client, dir, listen) = start().await;
+    let (_server, _client, dir, listen) = start_with(&["--envoy-response-headers"]).await;
     let out = dir.path().join("py");
     std::fs::create_dir_all(&out).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/envoy_wire.py");

@@ -790,7 +790,12 @@ fn grpc_catalogue() -> Vec<GrpcCase> {
         invalid("65 descriptors", rls("edge", vec![address("victim"); 65])),
         invalid("5,000 descriptors", rls("edge", vec![address("victim"); 5_000])),
         invalid("100,000 empty descriptors", rls("edge", vec![RateLimitDescriptor::default(); 100_000])),
-        invalid("a descriptor without entries", rls("edge", vec![RateLimitDescriptor::default()])),
+        GrpcCase {
+            name: "a descriptor without entries (matches nothing, as upstream)",
+            payload: Payload::Typed(rls("edge", vec![RateLimitDescriptor::default()])),
+            expect: GrpcExpect::Answer(Code::Ok, vec![(Code::Ok, None)], vec![]),
+        },
+        invalid("no descriptors at all", rls("edge", vec![])),
         invalid("17 entries", rls("edge", vec![entries(&seventeen)])),
         invalid("empty entry key", rls("edge", vec![entries(&[("", "victim")])])),
         invalid("entry value of 257 bytes", rls("edge", vec![address(&long)])),
@@ -847,9 +852,16 @@ fn grpc_catalogue() -> Vec<GrpcCase> {
             payload: Payload::Typed(rls("edge", vec![with(address("hostile-max-override"), &over(u32::MAX, Unit::Day as i32))])),
             expect: GrpcExpect::Answer(Code::Ok, vec![(Code::Ok, Some(u32::MAX - 1))], vec![engine_key("edge", &[("remote_address", "hostile-max-override")])]),
         },
+        // A limit of 0 refuses (upstream's answer) without counting anything.
         GrpcCase {
             name: "override requests_per_unit 0 on the victim",
             payload: Payload::Typed(rls("edge", vec![with(address("victim"), &over(0, Unit::Day as i32))])),
+            expect: GrpcExpect::Answer(Code::OverLimit, vec![(Code::OverLimit, Some(0))], vec![]),
+        },
+        // A request's own limit in a domain the server does not know is ignored, as upstream.
+        GrpcCase {
+            name: "override in an unknown domain",
+            payload: Payload::Typed(rls("elsewhere", vec![with(address("victim"), &over(1, Unit::Day as i32))])),
             expect: GrpcExpect::Answer(Code::Ok, vec![(Code::Ok, None)], vec![]),
         },
         // Bytes that are not a valid request: the caller's fault, INVALID_ARGUMENT (tonic alone
@@ -979,8 +991,21 @@ async fn start(redis: Option<&tollgate_testkit::RedisServer>) -> Run {
     let viewer = common::bootstrap_token(&database, "hostile-viewer", "viewer", None);
     let shop_admin = common::bootstrap_token(&database, "hostile-shop-admin", "admin", Some("shop"));
     let listen = format!("127.0.0.1:{}", tollgate_testkit::free_port());
-    let mut args =
-        vec!["--grpc-listen", &listen, "--envoy-config", yaml.to_str().unwrap(), "--database", &database];
+    // All or nothing: under upstream's default each descriptor is charged on its own, so the
+    // legal request "descriptor hits_addend 11 beside the victim" would spend a unit of the
+    // victim's (its descriptor is named, and admitted) while the request is refused. That is
+    // the victim's descriptor being used, not a hostile request reaching another's state; this
+    // test asserts the victims' state is exactly unchanged, which holds only when a refused
+    // request is charged to none of its descriptors.
+    let mut args = vec![
+        "--grpc-listen",
+        &listen,
+        "--envoy-config",
+        yaml.to_str().unwrap(),
+        "--database",
+        &database,
+        "--envoy-all-or-nothing",
+    ];
     let url = redis.map(tollgate_testkit::RedisServer::url);
     if let Some(url) = &url {
         args.extend(["--redis", url.as_str()]);

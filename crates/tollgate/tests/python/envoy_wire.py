@@ -72,6 +72,9 @@ check(status.current_limit.requests_per_unit == 2 and status.current_limit.unit 
       "current_limit 2 per HOUR: %s" % status)
 check(status.limit_remaining == 1, "one left: %s" % status)
 check(0 < status.duration_until_reset.seconds <= 3600, "reset within the hour: %s" % status)
+headers = {h.key: h.value for h in first.response_headers_to_add}
+check(headers.get("RateLimit-Limit") == "2" and headers.get("RateLimit-Remaining") == "1"
+      and 0 < int(headers.get("RateLimit-Reset", "0")) <= 3600, "upstream's headers: %s" % first)
 
 peek = call(descriptor("remote_address", "python", hits=0))
 check(peek.statuses[0].limit_remaining == 1, "hits_addend 0 counts nothing: %s" % peek)
@@ -82,6 +85,18 @@ check(third.overall_code == OVER and third.statuses[0].code == OVER, "third call
 override = call(descriptor("remote_address", "python-override", override=(5, HOUR)), hits=5)
 check(override.overall_code == OK and override.statuses[0].limit_remaining == 0,
       "the request's limit and hits_addend apply: %s" % override)
+blocked = call(descriptor("remote_address", "python-zero", override=(0, HOUR)))
+check(blocked.overall_code == OVER and blocked.statuses[0].limit_remaining == 0,
+      "a limit of 0 refuses: %s" % blocked)
+elsewhere = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(
+    domain="elsewhere", descriptors=[descriptor("k", "v", override=(0, HOUR))]), timeout=10)
+check(elsewhere.overall_code == OK and not elsewhere.statuses[0].HasField("current_limit"),
+      "a request's limit in an unknown domain is ignored: %s" % elsewhere)
+unlimited = call(descriptor("path", "/health"))
+check(unlimited.statuses[0].limit_remaining == 2**32 - 1 and not unlimited.statuses[0].HasField("current_limit"),
+      "unlimited: %s" % unlimited)
+over = call(descriptor("remote_address", "python-hits", hits=3))
+check(over.overall_code == OVER and over.statuses[0].limit_remaining == 0, "3 hits against 2: %s" % over)
 mixed = call(descriptor("remote_address", "python"), descriptor("path", "/nowhere"))
 check([s.code for s in mixed.statuses] == [OVER, OK] and not mixed.statuses[1].HasField("current_limit"),
       "one status per descriptor: %s" % mixed)
