@@ -530,7 +530,8 @@ fn run_recipe(name: &str) {
 }
 
 /// The recipes this file runs, one test each.
-const RECIPES: [&str; 7] = ["readme", "simulate", "api-key", "two-instances", "proxy", "plans", "shadow"];
+const RECIPES: [&str; 8] =
+    ["readme", "simulate", "api-key", "two-instances", "proxy", "plans", "shadow", "envoy"];
 
 #[test]
 fn every_recipe_of_the_docs_has_its_test() {
@@ -572,6 +573,12 @@ fn recipe_plans() {
 #[test]
 fn recipe_shadow() {
     run_recipe("shadow");
+}
+
+/// Its commands; tests/envoy_recipe.rs checks its envoy.yaml and the descriptors it sends.
+#[test]
+fn recipe_envoy() {
+    run_recipe("envoy");
 }
 
 /// A Rust block marked `<!-- excerpt: PATH -->` shows lines of PATH, a file the build compiles
