@@ -3,7 +3,8 @@
 //! - The graph drawn in the doc is generated from `cargo metadata` (`scripts/crate-graph`
 //!   rewrites it), so it cannot drift: this test fails when the drawing and the workspace differ.
 //! - Every dependency between Tollgate's crates is one the doc's crate table allows ("may depend
-//!   on"), so an edge the doc forbids fails here before review.
+//!   on"), so an edge the doc forbids fails here before review; and the table itself allows no
+//!   cycle, so the rule it states keeps every edge pointing one way.
 //! - No cycle runs through the crates, counting dev-dependencies: a test-only edge back up the
 //!   graph would build the crate below twice.
 
@@ -157,6 +158,21 @@ fn every_dependency_between_crates_is_one_the_doc_allows() {
 }
 
 #[test]
+fn the_docs_rule_points_one_way() {
+    // A table that allowed a cycle would let the crates grow one without a test failing.
+    let doc = std::fs::read_to_string(root().join(DOC)).expect("docs/architecture.md");
+    assert_eq!(cycle(&allowed_edges(&allowed(&doc))), None, "{DOC}'s crate table allows a cycle");
+}
+
+/// The table's allowances as edges.
+fn allowed_edges(allowed: &BTreeMap<String, BTreeSet<String>>) -> Edges {
+    allowed
+        .iter()
+        .flat_map(|(from, tos)| tos.iter().map(move |to| ((from.clone(), to.clone()), Kind::Normal)))
+        .collect()
+}
+
+#[test]
 fn no_cycle_runs_through_the_crates_even_through_dev_dependencies() {
     let (_, edges) = workspace_edges();
     assert_eq!(cycle(&edges), None, "a cycle among the crates");
@@ -169,6 +185,9 @@ fn the_checks_catch_what_they_guard() {
     let allowed = allowed(doc);
     assert_eq!(allowed["tollgate-a"], BTreeSet::from(["tollgate-b".to_owned()]));
     assert!(allowed["tollgate-b"].is_empty());
+    assert_eq!(cycle(&allowed_edges(&allowed)), None);
+    let circular = allowed_edges(&self::allowed(&format!("{doc}| `tollgate-b` | x | `tollgate-a` |\n")));
+    assert!(cycle(&circular).is_some(), "a table allowing b -> a and a -> b is circular");
     let mut edges = Edges::new();
     edges.insert(("tollgate-a".into(), "tollgate-b".into()), Kind::Normal);
     assert_eq!(cycle(&edges), None);
