@@ -42,14 +42,17 @@ impl Client {
     pub(crate) async fn connect(args: &BenchArgs) -> anyhow::Result<Client> {
         let rules = RuleSet::new([rule(args)]).context("--limit / --period")?;
         let target = args.target.as_str();
-        if RedisTopology::of_url(target).is_ok() {
-            redis(args, rules).await
-        } else if let Some(rest) = target.strip_prefix("http://") {
+        // The Redis schemes are tollgate-config's to list (its error names them all).
+        let not_redis = match RedisTopology::of_url(target) {
+            Ok(_) => return redis(args, rules).await,
+            Err(e) => e,
+        };
+        if let Some(rest) = target.strip_prefix("http://") {
             http(args, rest, &rules)
         } else if let Some(rest) = target.strip_prefix("grpc://") {
             grpc(args, rest).await
         } else {
-            bail!("--target must start with redis://, rediss://, http:// or grpc://")
+            bail!("--target must start with http:// or grpc://, or be a Redis URL: {not_redis}")
         }
     }
 

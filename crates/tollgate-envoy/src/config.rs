@@ -485,18 +485,46 @@ fn scalar_text(v: &Value) -> String {
 // -------------------------------------------------------------------------------------------
 // Building the tree
 
+/// A `rate_limit` as upstream's loader checks it (its messages), then as Tollgate decides it:
+/// unlimited, a block (0 requests), or a rule.
 fn limit(spec: &RateLimitSpec) -> Result<Limit, String> {
+    let unit = unit(spec)?;
+    let replaces = replaces(spec)?;
+    let name = spec.name.clone().filter(|n| !n.is_empty());
+    let requests_per_unit = spec.requests_per_unit.unwrap_or(0);
+    let Some(unit) = unit else {
+        if spec.algorithm.is_some() || spec.unit_multiplier.is_some() || spec.burst.is_some() {
+            return Err("an unlimited limit takes no algorithm, unit_multiplier nor burst".into());
+        }
+        let kind = LimitKind::Unlimited;
+        return Ok(Limit { name, kind, requests_per_unit, unit: None, window_secs: 0, replaces });
+    };
+    let period = window(unit, spec.unit_multiplier)?;
+    let kind = match requests_per_unit {
+        0 => LimitKind::Block,
+        n => LimitKind::Rule(rule(spec, u64::from(n), period, name.as_ref())?),
+    };
+    let window_secs = period.as_duration().as_secs();
+    Ok(Limit { name, kind, requests_per_unit, unit: Some(unit), window_secs, replaces })
+}
+
+/// The limit's unit: `None` exactly when it is `unlimited`.
+fn unit(spec: &RateLimitSpec) -> Result<Option<Unit>, String> {
     let unit_text = spec.unit.as_deref().unwrap_or("");
     let unit = Unit::parse(unit_text);
-    let name = spec.name.clone().filter(|n| !n.is_empty());
-    let replaces: Vec<String> =
-        spec.replaces.iter().flatten().map(|r| r.name.clone().unwrap_or_default()).collect();
     if spec.unlimited && unit.is_some() {
         return Err("should not specify rate limit unit when unlimited".into());
     }
     if !spec.unlimited && unit.is_none() {
         return Err(format!("invalid rate limit unit '{unit_text}'"));
     }
+    Ok(unit)
+}
+
+/// The names the limit replaces: none empty, nor its own.
+fn replaces(spec: &RateLimitSpec) -> Result<Vec<String>, String> {
+    let replaces: Vec<String> =
+        spec.replaces.iter().flatten().map(|r| r.name.clone().unwrap_or_default()).collect();
     for r in &replaces {
         if r.is_empty() {
             return Err("should not have an empty replaces entry".into());
@@ -505,42 +533,24 @@ fn limit(spec: &RateLimitSpec) -> Result<Limit, String> {
             return Err("replaces should not contain name of same descriptor".into());
         }
     }
-    let requests_per_unit = spec.requests_per_unit.unwrap_or(0);
-    let extended = spec.algorithm.is_some() || spec.unit_multiplier.is_some() || spec.burst.is_some();
-    let Some(unit) = unit else {
-        if extended {
-            return Err("an unlimited limit takes no algorithm, unit_multiplier nor burst".into());
-        }
-        return Ok(Limit {
-            name,
-            kind: LimitKind::Unlimited,
-            requests_per_unit,
-            unit: None,
-            window_secs: 0,
-            replaces,
-        });
-    };
-    let multiplier = spec.unit_multiplier.unwrap_or(1);
+    Ok(replaces)
+}
+
+/// The window: `unit` x `unit_multiplier`, at most a year.
+fn window(unit: Unit, multiplier: Option<u64>) -> Result<Period, String> {
+    let multiplier = multiplier.unwrap_or(1);
     if multiplier == 0 {
         return Err("unit_multiplier must be at least 1".into());
     }
-    let period = unit
-        .seconds()
+    unit.seconds()
         .checked_mul(multiplier)
         .and_then(|s| Period::from_secs(s).ok())
-        .ok_or("the window (unit x unit_multiplier) must be at most a year")?;
-    let window_secs = period.as_duration().as_secs();
-    if requests_per_unit == 0 {
-        return Ok(Limit {
-            name,
-            kind: LimitKind::Block,
-            requests_per_unit,
-            unit: Some(unit),
-            window_secs,
-            replaces,
-        });
-    }
-    let n = u64::from(requests_per_unit);
+        .ok_or_else(|| "the window (unit x unit_multiplier) must be at most a year".into())
+}
+
+/// The rule of `n` requests per `period` under the limit's algorithm, validated alone (bounds,
+/// exactness); a node's limits are validated together when the tree is built.
+fn rule(spec: &RateLimitSpec, n: u64, period: Period, name: Option<&String>) -> Result<Rule, String> {
     let rule = match spec.algorithm.unwrap_or_default() {
         LimitAlgorithm::FixedWindow => Rule::fixed_window(n, period),
         LimitAlgorithm::SlidingWindowLog => Rule::sliding_window_log(n, period),
@@ -548,20 +558,12 @@ fn limit(spec: &RateLimitSpec) -> Result<Limit, String> {
         LimitAlgorithm::TokenBucket => Rule::token_bucket(spec.burst.unwrap_or(n), n, period),
         LimitAlgorithm::Gcra => Rule::gcra(n, period, spec.burst.unwrap_or(1)),
     };
-    let rule = match &name {
+    let rule = match name {
         Some(name) => rule.named(name.clone()),
         None => rule,
     };
-    // Validated alone here (bounds, exactness); a node's limits together below.
     RuleSet::new([rule.clone()]).map_err(|e| e.to_string())?;
-    Ok(Limit {
-        name,
-        kind: LimitKind::Rule(rule),
-        requests_per_unit,
-        unit: Some(unit),
-        window_secs,
-        replaces,
-    })
+    Ok(rule)
 }
 
 /// One descriptor as written, validated, under `path` (upstream's dotted key path, such as

@@ -277,6 +277,48 @@ enum Outcome {
     Checked(usize),
 }
 
+/// A request's descriptors sorted before the backend is asked (see [`EnvoyService::sort`]).
+struct Sorted<'p, 'a> {
+    /// Per descriptor.
+    outcomes: Vec<Outcome>,
+    /// The checks the backend decides, indexed by [`Outcome::Checked`].
+    items: Vec<Item<'p, 'a>>,
+    /// A descriptor charged with the others is refused up front (a block list).
+    blocked: bool,
+}
+
+/// Each descriptor of `req` with the limits of `domain` that apply to it (less those another
+/// matched limit replaces).
+fn plan<'a>(req: &RateLimitRequest, domain: Option<&'a Domain>) -> Vec<Planned<'a>> {
+    // hits_addend 0 means "not set": one hit, as upstream.
+    let request_hits = if req.hits_addend == 0 { 1 } else { u64::from(req.hits_addend) };
+    let mut planned: Vec<Planned<'a>> =
+        req.descriptors.iter().map(|d| plan_one(d, domain, request_hits)).collect();
+    drop_replaced(&mut planned);
+    planned
+}
+
+/// One descriptor's status; counts its hits in the metrics when it was limited.
+fn answer(
+    domain: &str,
+    p: &Planned<'_>,
+    outcome: &Outcome,
+    items: &[Item<'_, '_>],
+    verdicts: &[Verdict],
+) -> DescriptorStatus {
+    match outcome {
+        Outcome::Free => status(Code::Ok, None, 0, Duration::ZERO),
+        Outcome::Unlimited => status(Code::Ok, None, u64::from(u32::MAX), Duration::ZERO),
+        Outcome::Blocked(at) => {
+            let limit = p.limits[*at].as_ref();
+            count_hits(&labels(domain, p), p.hits, p.shadow, true, false);
+            let code = if p.shadow { Code::Ok } else { Code::OverLimit };
+            status(code, Some(limit), 0, aligned_reset(limit.unit))
+        }
+        Outcome::Checked(at) => descriptor_status(domain, &items[*at], &verdicts[*at]),
+    }
+}
+
 /// One checked descriptor: its check in the request's batch.
 struct Item<'p, 'a> {
     planned: &'p Planned<'a>,
@@ -331,54 +373,59 @@ impl<'p, 'a> Item<'p, 'a> {
 }
 
 impl EnvoyService {
-    /// Decides one `ShouldRateLimit` request (the gRPC method, and `POST /json`).
+    /// Decides one `ShouldRateLimit` request (the gRPC method, and `POST /json`): plans each
+    /// descriptor, sorts out those answered without the backend, checks the rest in one limiter
+    /// call, and answers.
     pub async fn decide(&self, req: RateLimitRequest) -> Result<RateLimitResponse, Status> {
         check_request(&req)?;
         let domains = self.domains.load_full();
-        let domain = domains.get(&req.domain);
-        // hits_addend 0 means "not set": one hit, as upstream.
-        let request_hits = if req.hits_addend == 0 { 1 } else { u64::from(req.hits_addend) };
-        let mut planned: Vec<Planned<'_>> =
-            req.descriptors.iter().map(|d| plan_one(d, domain, request_hits)).collect();
-        drop_replaced(&mut planned);
+        let planned = plan(&req, domains.get(&req.domain));
+        let Sorted { outcomes, mut items, blocked } = self.sort(&req.domain, &planned)?;
+        let verdicts = self.check(&mut items, blocked).await?;
+        let statuses = planned
+            .iter()
+            .zip(&outcomes)
+            .map(|(p, outcome)| answer(&req.domain, p, outcome, &items, &verdicts))
+            .collect();
+        Ok(self.response(&planned, &outcomes, statuses))
+    }
 
-        let mut items: Vec<Item<'_, '_>> = Vec::new();
-        let mut outcomes = Vec::with_capacity(planned.len());
-        let mut blocked = false;
-        for p in &planned {
+    /// Each descriptor's [`Outcome`], and the checks of those the backend decides. `blocked`:
+    /// a descriptor charged with the others is refused before any check.
+    fn sort<'p, 'a>(&self, domain: &str, planned: &'p [Planned<'a>]) -> Result<Sorted<'p, 'a>, Status> {
+        let mut sorted =
+            Sorted { outcomes: Vec::with_capacity(planned.len()), items: Vec::new(), blocked: false };
+        for p in planned {
             let outcome = if p.unlimited {
                 Outcome::Unlimited
             } else if let Some(at) = p.limits.iter().position(|l| l.kind == LimitKind::Block) {
-                blocked |= self.joins(p);
+                sorted.blocked |= self.joins(p);
                 Outcome::Blocked(at)
             } else if p.limits.is_empty() {
                 Outcome::Free
             } else {
                 // check_all decides enforced checks together and shadow-mode ones alone.
                 let alone = !self.joins(p) && (p.shadow || self.charging != Charging::Each);
-                items.push(Item::new(&req.domain, p, if alone { Mode::Shadow } else { Mode::Enforce })?);
-                Outcome::Checked(items.len() - 1)
+                sorted.items.push(Item::new(domain, p, if alone { Mode::Shadow } else { Mode::Enforce })?);
+                Outcome::Checked(sorted.items.len() - 1)
             };
-            outcomes.push(outcome);
+            sorted.outcomes.push(outcome);
         }
-        let verdicts = self.check(&mut items, blocked).await?;
+        Ok(sorted)
+    }
 
-        let mut statuses = Vec::with_capacity(planned.len());
+    /// The response to the descriptors' `statuses`: over the limit when an enforced descriptor
+    /// is, or when every quota-mode one is (upstream's rule); with the headers, when asked for.
+    fn response(
+        &self,
+        planned: &[Planned<'_>],
+        outcomes: &[Outcome],
+        statuses: Vec<DescriptorStatus>,
+    ) -> RateLimitResponse {
         // Whether each status refuses the request on its own, for the response headers.
-        let mut refusing = Vec::with_capacity(planned.len());
+        let mut refusing = Vec::with_capacity(statuses.len());
         let (mut failed, mut quota_total, mut quota_failed) = (0, 0, 0);
-        for (p, outcome) in planned.iter().zip(&outcomes) {
-            let status = match outcome {
-                Outcome::Free => status(Code::Ok, None, 0, Duration::ZERO),
-                Outcome::Unlimited => status(Code::Ok, None, u64::from(u32::MAX), Duration::ZERO),
-                Outcome::Blocked(at) => {
-                    let limit = p.limits[*at].as_ref();
-                    count_hits(&labels(&req.domain, p), p.hits, p.shadow, true, false);
-                    let code = if p.shadow { Code::Ok } else { Code::OverLimit };
-                    status(code, Some(limit), 0, aligned_reset(limit.unit))
-                }
-                Outcome::Checked(at) => descriptor_status(&req.domain, &items[*at], &verdicts[*at]),
-            };
+        for ((p, outcome), status) in planned.iter().zip(outcomes).zip(&statuses) {
             let over = status.code == Code::OverLimit as i32;
             if p.quota && !matches!(outcome, Outcome::Free | Outcome::Unlimited) {
                 quota_total += 1;
@@ -388,18 +435,16 @@ impl EnvoyService {
                 failed += usize::from(over);
                 refusing.push(over);
             }
-            statuses.push(status);
         }
-        // Upstream: over the limit when a descriptor is, or when every quota-mode one is.
         let over = failed > 0 || (quota_total > 0 && quota_total == quota_failed);
         let overall = if over { Code::OverLimit } else { Code::Ok };
         let headers = if self.response_headers { response_headers(&statuses, &refusing) } else { Vec::new() };
-        Ok(RateLimitResponse {
+        RateLimitResponse {
             overall_code: overall as i32,
             statuses,
             response_headers_to_add: headers,
             ..Default::default()
-        })
+        }
     }
 
     /// Checks the items in one limiter call: each alone, or all or nothing.

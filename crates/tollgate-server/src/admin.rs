@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tollgate_config::PolicySpec;
 use tollgate_store::{
-    ConsumerLimit, ConsumerLimitInput, Page, PolicyInput, PolicyRecord, Role, StoreError, TokenRecord,
+    ConsumerLimit, ConsumerLimitInput, DEFAULT_PAGE, MAX_PAGE, Page, PolicyInput, PolicyRecord, Role,
+    StoreError, TokenRecord,
 };
 
 use crate::auth::{AsAdmin, AsEditor, AsViewer, store_problem};
@@ -25,6 +26,11 @@ use tollgate_http::extract::{ApiJson, Path, Query, UniqueObject};
 pub struct PageQuery {
     after: Option<String>,
     limit: Option<u32>,
+}
+
+/// The OpenAPI description of a list's `limit`, from the store's bounds.
+fn page_limit_doc() -> String {
+    format!("1 to {MAX_PAGE}, default {DEFAULT_PAGE}")
 }
 
 impl From<PageQuery> for Page {
@@ -113,7 +119,7 @@ async fn refresh(state: &AppState) {
 }
 
 /// `GET /v1/admin/policies`: file and stored policies the token may see, by name.
-#[utoipa::path(get, path = "/v1/admin/policies", tag = "management", params(("after" = Option<String>, Query, description = "Cursor: the previous page's `next`"), ("limit" = Option<u32>, Query, description = "1 to 200, default 50")), responses((status = 200, description = "File and database policies the token may see, by name: `items`, `next`"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/v1/admin/policies", tag = "management", params(("after" = Option<String>, Query, description = "Cursor: the previous page's `next`"), ("limit" = Option<u32>, Query, description = page_limit_doc())), responses((status = 200, description = "File and database policies the token may see, by name: `items`, `next`"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn list_policies(
     State(state): State<AppState>,
     AsViewer(caller): AsViewer,
@@ -252,7 +258,7 @@ pub struct CreatedToken {
 }
 
 /// `GET /v1/admin/tokens` (admin): the tokens within the caller's apps.
-#[utoipa::path(get, path = "/v1/admin/tokens", tag = "management", params(("after" = Option<String>, Query, description = "Cursor: the previous page's `next`"), ("limit" = Option<u32>, Query, description = "1 to 200, default 50")), responses((status = 200, description = "Tokens within the caller's apps (admin)"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/v1/admin/tokens", tag = "management", params(("after" = Option<String>, Query, description = "Cursor: the previous page's `next`"), ("limit" = Option<u32>, Query, description = page_limit_doc())), responses((status = 200, description = "Tokens within the caller's apps (admin)"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn list_tokens(
     AsAdmin(caller): AsAdmin,
     Query(query): Query<PageQuery>,
@@ -293,7 +299,7 @@ pub async fn delete_token(AsAdmin(caller): AsAdmin, Path(name): Path<String>) ->
 
 /// `GET /v1/admin/audit`: changes, newest first; policy changes the token may see, and token
 /// changes for admins.
-#[utoipa::path(get, path = "/v1/admin/audit", tag = "management", params(("after" = Option<String>, Query, description = "Cursor: the previous page's `next`"), ("limit" = Option<u32>, Query, description = "1 to 200, default 50")), responses((status = 200, description = "Changes, newest first: `at`, `actor`, `action`, `kind`, `subject`, `before`, `after`"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/v1/admin/audit", tag = "management", params(("after" = Option<String>, Query, description = "Cursor: the previous page's `next`"), ("limit" = Option<u32>, Query, description = page_limit_doc())), responses((status = 200, description = "Changes, newest first: `at`, `actor`, `action`, `kind`, `subject`, `before`, `after`"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn audit(
     AsViewer(caller): AsViewer,
     Query(query): Query<PageQuery>,

@@ -106,4 +106,15 @@ mod tests {
         let described = doc["paths"].as_object().unwrap().len();
         assert_eq!(described, ROUTES.len(), "a described path is not in ROUTES");
     }
+
+    #[test]
+    fn a_lists_limit_is_described_by_the_stores_bounds() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let expected = format!("1 to {}, default {}", tollgate_store::MAX_PAGE, tollgate_store::DEFAULT_PAGE);
+        for path in ["/v1/admin/policies", "/v1/admin/tokens", "/v1/admin/audit"] {
+            let params = doc["paths"][path]["get"]["parameters"].as_array().expect("parameters");
+            let limit = params.iter().find(|p| p["name"] == "limit").expect("a limit parameter");
+            assert_eq!(limit["description"], expected.as_str(), "{path}");
+        }
+    }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::Subcommand;
 use serde_json::Value;
-use tollgate_store::PolicyInput;
+use tollgate_store::{MAX_PAGE, PolicyInput};
 
 /// Where the server is and who is asking. Global: the flags may come before or after the
 /// subcommand (`tollgate policy --server URL list` and `tollgate policy list --server URL`).
@@ -124,9 +124,14 @@ enum ClientError {
     /// The answer could not be read.
     #[error(transparent)]
     Read(reqwest::Error),
-    /// The server refused, with a problem's `detail` and the ` (field ...)` it names.
-    #[error("{status}: {detail}{field}")]
-    Status { status: reqwest::StatusCode, detail: String, field: String },
+    /// The server refused, with a problem's `detail` and the field it names, if any.
+    #[error("{status}: {detail}{}", field_note(.field.as_deref()))]
+    Status { status: reqwest::StatusCode, detail: String, field: Option<String> },
+}
+
+/// ` (field rules[0].limit)`, or nothing.
+fn field_note(field: Option<&str>) -> String {
+    field.map(|f| format!(" (field {f})")).unwrap_or_default()
 }
 
 struct Client {
@@ -166,13 +171,9 @@ impl Client {
             serde_json::from_str(&text).unwrap_or(Value::String(text))
         };
         if !status.is_success() {
-            let detail = value.get("detail").and_then(Value::as_str).unwrap_or("");
-            let field = value
-                .get("field")
-                .and_then(Value::as_str)
-                .map(|f| format!(" (field {f})"))
-                .unwrap_or_default();
-            return Err(ClientError::Status { status, detail: detail.to_owned(), field });
+            let text = |name: &str| value.get(name).and_then(Value::as_str).map(str::to_owned);
+            let (detail, field) = (text("detail").unwrap_or_default(), text("field"));
+            return Err(ClientError::Status { status, detail, field });
         }
         Ok(value)
     }
@@ -202,9 +203,9 @@ pub(crate) async fn policy(remote: Remote, command: PolicyCommand) -> anyhow::Re
     use reqwest::Method;
     let client = Client::new(remote)?;
     match command {
-        PolicyCommand::List => {
-            print(&client.send(Method::GET, "/v1/admin/policies?limit=200", None, None).await?)
-        }
+        PolicyCommand::List => print(
+            &client.send(Method::GET, &format!("/v1/admin/policies?limit={MAX_PAGE}"), None, None).await?,
+        ),
         PolicyCommand::Get { name } => print(
             &client.send(Method::GET, &format!("/v1/admin/policies/{}", segment(&name)), None, None).await?,
         ),
@@ -293,7 +294,7 @@ pub(crate) async fn consumer(remote: Remote, command: ConsumerCommand) -> anyhow
 
 #[cfg(test)]
 mod tests {
-    use super::server_url;
+    use super::{ClientError, server_url};
 
     #[test]
     fn addresses_with_or_without_a_scheme() {
@@ -302,5 +303,19 @@ mod tests {
         assert_eq!(server_url("https://rl.example:443").unwrap(), "https://rl.example:443");
         assert!(server_url("ftp://x:21").is_err());
         assert!(server_url("http://").is_err());
+    }
+
+    #[test]
+    fn a_refusal_names_its_field_when_the_problem_does() {
+        let refusal = |field: Option<&str>| ClientError::Status {
+            status: reqwest::StatusCode::BAD_REQUEST,
+            detail: "must be at least 1".into(),
+            field: field.map(str::to_owned),
+        };
+        assert_eq!(
+            refusal(Some("rules[0].limit")).to_string(),
+            "400 Bad Request: must be at least 1 (field rules[0].limit)"
+        );
+        assert_eq!(refusal(None).to_string(), "400 Bad Request: must be at least 1");
     }
 }

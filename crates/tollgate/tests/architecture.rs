@@ -3,7 +3,8 @@
 //! - The graph drawn in the doc is generated from `cargo metadata` (`scripts/crate-graph`
 //!   rewrites it), so it cannot drift: this test fails when the drawing and the workspace differ.
 //! - Every dependency between Tollgate's crates is one the doc's crate table allows ("may depend
-//!   on"), so an edge the doc forbids fails here before review.
+//!   on"), so an edge the doc forbids fails here before review; and each row allows only
+//!   crates in rows above it, so the rule itself points one way and can allow no cycle.
 //! - No cycle runs through the crates, counting dev-dependencies: a test-only edge back up the
 //!   graph would build the crate below twice.
 
@@ -75,9 +76,9 @@ fn drawing(members: &BTreeSet<String>, edges: &Edges) -> String {
     out
 }
 
-/// The crate table's rows: crate -> the crates it may depend on. A row is
+/// The crate table's rows, in order: crate and the crates it may depend on. A row is
 /// `| \`crate\` | what it owns | \`a\`, \`b\` (or "nothing") |`.
-fn allowed(doc: &str) -> BTreeMap<String, BTreeSet<String>> {
+fn rows(doc: &str) -> Vec<(String, BTreeSet<String>)> {
     let ticked =
         |cell: &str| -> Vec<String> { cell.split('`').skip(1).step_by(2).map(str::to_owned).collect() };
     doc.lines()
@@ -89,6 +90,23 @@ fn allowed(doc: &str) -> BTreeMap<String, BTreeSet<String>> {
             Some((name, ticked(cells.get(3)?).into_iter().collect()))
         })
         .collect()
+}
+
+/// Crate -> the crates it may depend on.
+fn allowed(doc: &str) -> BTreeMap<String, BTreeSet<String>> {
+    rows(doc).into_iter().collect()
+}
+
+/// The rows allowing a crate not above them: `(crate, allowed)`. Empty when the rule points
+/// one way, up the table (so it can allow no cycle).
+fn upward_violations(doc: &str) -> Vec<(String, String)> {
+    let mut above = BTreeSet::new();
+    let mut wrong = Vec::new();
+    for (name, may) in rows(doc) {
+        wrong.extend(may.into_iter().filter(|m| !above.contains(m)).map(|m| (name.clone(), m)));
+        above.insert(name);
+    }
+    wrong
 }
 
 fn cycle(edges: &Edges) -> Option<Vec<String>> {
@@ -157,6 +175,13 @@ fn every_dependency_between_crates_is_one_the_doc_allows() {
 }
 
 #[test]
+fn the_docs_rule_points_one_way() {
+    // A crate allowed to depend on one below it could close a cycle without a test failing.
+    let doc = std::fs::read_to_string(root().join(DOC)).expect("docs/architecture.md");
+    assert_eq!(upward_violations(&doc), [], "{DOC}'s crate table allows a crate listed below its row");
+}
+
+#[test]
 fn no_cycle_runs_through_the_crates_even_through_dev_dependencies() {
     let (_, edges) = workspace_edges();
     assert_eq!(cycle(&edges), None, "a cycle among the crates");
@@ -165,10 +190,13 @@ fn no_cycle_runs_through_the_crates_even_through_dev_dependencies() {
 #[test]
 fn the_checks_catch_what_they_guard() {
     // The parsers and the cycle finder, on a made-up workspace: a forbidden edge, a cycle.
-    let doc = "| `tollgate-a` | the top | `tollgate-b` |\n| `tollgate-b` | the bottom | nothing |\n";
+    let doc = "| `tollgate-b` | the bottom | nothing |\n| `tollgate-a` | the top | `tollgate-b` |\n";
     let allowed = allowed(doc);
     assert_eq!(allowed["tollgate-a"], BTreeSet::from(["tollgate-b".to_owned()]));
     assert!(allowed["tollgate-b"].is_empty());
+    assert_eq!(upward_violations(doc), []);
+    let circular = doc.replace("the bottom | nothing", "the bottom | `tollgate-a`");
+    assert_eq!(upward_violations(&circular), [("tollgate-b".to_owned(), "tollgate-a".to_owned())]);
     let mut edges = Edges::new();
     edges.insert(("tollgate-a".into(), "tollgate-b".into()), Kind::Normal);
     assert_eq!(cycle(&edges), None);

@@ -239,6 +239,19 @@ async fn a_bad_redis_url_is_refused_at_start() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a Redis URL"));
 }
 
+#[test]
+fn a_bad_bench_target_names_every_kind_of_target() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["bench", "--target", "ftp://example.com", "--duration", "1s"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for scheme in ["http://", "grpc://", "redis://", "redis+cluster://", "redis+sentinel://"] {
+        assert!(stderr.contains(scheme), "{scheme} missing from: {stderr}");
+    }
+}
+
 #[tokio::test]
 async fn the_module_engine_needs_the_module_and_info_names_the_engine() {
     let plain = tollgate_testkit::RedisServer::start();
