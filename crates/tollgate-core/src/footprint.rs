@@ -21,7 +21,7 @@
 //! members) and cost the most per member; the key's own name (the prefix and the caller's key,
 //! up to 512 bytes) is not counted.
 
-use crate::{Rule, RuleKind, RuleSet};
+use crate::{Rule, RuleKind};
 
 /// Bytes per sliding-log entry: a sorted-set member holding a 16-digit time, its score, the
 /// skip-list node and the dictionary entry (measured: 1,289,920 bytes for 10,000 entries, 129
@@ -80,26 +80,11 @@ impl Rule {
     }
 }
 
-impl RuleSet {
-    /// The most bytes this set's state for one key can take: its rules' worst cases, and the
-    /// shared hash of its hash-stored rules once. Every rule set one key is checked under adds
-    /// its own (rules of equal parameters share their state).
-    pub fn worst_case_state(&self) -> u64 {
-        let mut bytes = 0u64;
-        let mut hashed = false;
-        for rule in self.compiled() {
-            hashed |= rule.algorithm.hash_fields().is_some();
-            bytes = bytes.saturating_add(rule.rule.worst_case_state().bytes);
-        }
-        if hashed { bytes.saturating_add(SHARED_HASH_BYTES) } else { bytes }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Period;
     use crate::limits::{MAX_CONCURRENCY_LIMIT, MAX_LOG_LIMIT};
+    use crate::{Period, RuleSet};
 
     #[test]
     fn a_log_holds_at_most_its_limit_or_one_entry_per_microsecond() {

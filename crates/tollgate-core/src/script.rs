@@ -63,6 +63,16 @@ const LUA_PARAMETERS: usize = 4;
 pub const PART_HEADER: usize = 6;
 /// Values heading a run of lone checks: [`OP_RUN`], rule number, number of checks.
 pub const RUN_HEADER: usize = 3;
+/// Where (in `ARGV`, counted from 1 as Lua does) the first rule's values start, after `now`
+/// and the number of rules.
+const RULES_AT: usize = 3;
+/// In a call of one lone check, the most common call, which the script reads without a loop
+/// (`lone` in `engine.lua`): where its rule's field prefix is, after the rule's number and
+/// parameters.
+const LONE_PREFIX: usize = RULES_AT + 1 + LUA_PARAMETERS;
+/// In a call of one lone check: where its cost is, the call's last argument (after the one
+/// rule and [`RUN_HEADER`]).
+const LONE_COST: usize = RULES_AT + PER_RULE + RUN_HEADER;
 /// The operation code of a run of lone checks.
 pub const OP_RUN: &str = "r";
 /// The operation code of [`Operation::Check`].
@@ -75,8 +85,11 @@ pub const OP_REFUND: &str = "refund";
 pub const OP_RELEASE: &str = "release";
 
 /// The layout's constants as Lua values, by the names `engine.lua` uses for them.
-fn layout() -> [(&'static str, String); 8] {
+fn layout() -> [(&'static str, String); 11] {
     [
+        ("RULES_AT", RULES_AT.to_string()),
+        ("LONE_PREFIX", LONE_PREFIX.to_string()),
+        ("LONE_COST", LONE_COST.to_string()),
         ("PER_RULE", PER_RULE.to_string()),
         ("PART_HEADER", PART_HEADER.to_string()),
         ("RUN_HEADER", RUN_HEADER.to_string()),
@@ -271,8 +284,8 @@ impl<'a> Part<'a> {
 type SentRule<'a> = ([i64; 1 + LUA_PARAMETERS], &'a str);
 
 fn sent_rule(rule: &CompiledRule) -> SentRule<'_> {
-    let [a, b, c, d] = rule.algorithm.lua_parameters();
-    ([rule.algorithm.lua_index() as i64 + 1, a, b, c, d], &rule.field_prefix)
+    let [p1, p2, p3, p4] = rule.algorithm.lua_parameters();
+    ([rule.algorithm.lua_index() as i64 + 1, p1, p2, p3, p4], &rule.field_prefix)
 }
 
 /// The script's arguments for `parts` (see the [module docs](self)), decided in one call; with
@@ -298,6 +311,7 @@ pub fn arguments<'a>(parts: &[Part<'a>], now: Option<Timestamp>) -> Vec<Arg<'a>>
         None => Arg::Text(""),
     });
     args.push(Arg::Int(rules.len() as i64));
+    debug_assert_eq!(args.len() + 1, RULES_AT);
     for (values, prefix) in &rules {
         args.extend(values.map(Arg::Int));
         args.push(Arg::Text(prefix));
