@@ -2,8 +2,9 @@
 //! known from the rule's algorithm and parameters alone, before anything is stored.
 //!
 //! Callers that accept rules from strangers (the server's inline `limits`, an inline
-//! concurrency rule of `/v1/acquire`) compare [`RuleSet::worst_case_state`] with a budget and
-//! refuse what would not fit. This is the one place the estimates live.
+//! concurrency rule of `/v1/acquire`) compare
+//! [`RuleSet::worst_case_state`](crate::RuleSet::worst_case_state) with a budget and refuse
+//! what would not fit. This is the one place the estimates live.
 //!
 //! What grows:
 //! - A sliding log holds one entry per distinct microsecond at which units were admitted, each
@@ -58,7 +59,7 @@ pub struct StateFootprint {
 impl Rule {
     /// The most this rule's state for one key can take (see the [module](self)'s estimates).
     /// Computed from the parameters as given, valid or not (saturating), so a caller can size a
-    /// rule before [`RuleSet::new`] validates it.
+    /// rule before [`RuleSet::new`](crate::RuleSet::new) validates it.
     pub fn worst_case_state(&self) -> StateFootprint {
         match self.kind {
             RuleKind::SlidingWindowLog { limit, period } => {

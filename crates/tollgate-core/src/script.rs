@@ -1,11 +1,13 @@
 //! The algorithms' Lua twins as scripts, and their calling convention, for backends that run
 //! the engine inside Redis (`tollgate-redis`). Nothing here talks to Redis.
 //!
-//! A script is a comment giving the argument layout, `script/prelude.lua`, the `.lua` twin beside each algorithm's Rust module that the rule sets
-//! use, and `script/engine.lua` (the phases of [`crate::engine`]) last, in which the layout's
-//! names (`PER_RULE`, `OP_CHECK`, ...) are replaced by this module's constants. One invocation runs a
-//! batch of [`Part`]s (an [`Operation`] on one key's state under a whole rule set each, the
-//! parts of a group together), whatever the number of rules, atomically.
+//! A script is a comment giving the argument layout, `script/prelude.lua`, the `.lua` twin
+//! beside each algorithm's Rust module that the rule sets use, and `script/engine.lua` (the
+//! phases of the engine, `engine.rs`) last. The layout is defined once, by this module's
+//! constants: `engine.lua` names them (`PER_RULE`, `OP_CHECK`, ...), each name is replaced by
+//! its value when the script is assembled, and the heading comment gives the values. One
+//! invocation runs a batch of [`Part`]s (an [`Operation`] on one key's state under a whole
+//! rule set each, the parts of a group together), whatever the number of rules, atomically.
 //!
 //! On Redis 7.0 and later the backend loads one Redis Functions [`library`] per node, with
 //! every algorithm: `FUNCTION LOAD` defines its functions once, and each call (`FCALL`) runs
@@ -19,18 +21,18 @@
 //! `KEYS` are each part's state keys, part after part, each in its rule set's order (see
 //! [`locations`]). `ARGV`, built by [`arguments`], is:
 //! - `now` in microseconds (`''`: Redis's own clock);
-//! - the number of distinct rules, then [`PER_RULE`] values per rule: its algorithm (its number
+//! - the number of distinct rules, then `PER_RULE` values per rule: its algorithm (its number
 //!   in the script's `ALGORITHMS`), its four parameters, and the prefix of its fields in the key's
 //!   shared hash (`''` when the key is its own). Rules are sent once however many parts name
 //!   them, because Redis pays for every argument;
 //! - the parts, each in one of two forms:
 //!   - a run of lone checks (single-rule checks, each its own group, of one rule, as a coalesced
 //!     batch is): [`OP_RUN`], the rule's number, how many checks, then each check's cost
-//!     ([`RUN_HEADER`] values, then one per check);
+//!     (`RUN_HEADER` values, then one per check);
 //!   - any other part: its operation code, amount (the cost, or the refund), lease id, lease
 //!     units, joins (1 when the part is in the previous part's group), its number of rules
-//!     ([`PART_HEADER`] values), then one value per rule: the *group plan* (see
-//!     [`GroupPlan`](crate::plan)). A positive value is the rule's number, and the rule's state
+//!     (`PART_HEADER` values), then one value per rule: the *group plan* (see
+//!     `GroupPlan`, in `plan.rs`). A positive value is the rule's number, and the rule's state
 //!     is the group's first use of it; a negative value `-j` means the rule's state is the one
 //!     the group's `j`-th rule entry (counting the rules of the group's parts from 1) named
 //!     first: the same key under the same rule, loaded once and asked once for the summed
@@ -55,14 +57,14 @@ pub use call::{CallError, execute, execute_into, parse_int};
 pub use store::{Store, StoreError};
 
 /// Values per distinct rule in the arguments: algorithm number, its parameters, field prefix.
-pub const PER_RULE: usize = 2 + LUA_PARAMETERS;
+pub(crate) const PER_RULE: usize = 2 + LUA_PARAMETERS;
 /// Parameters of a rule's algorithm (see the algorithm trait's `lua_parameters`).
 const LUA_PARAMETERS: usize = 4;
 /// Values heading a part other than a run: operation code, amount, lease id, lease units,
 /// joins, number of rules.
-pub const PART_HEADER: usize = 6;
+pub(crate) const PART_HEADER: usize = 6;
 /// Values heading a run of lone checks: [`OP_RUN`], rule number, number of checks.
-pub const RUN_HEADER: usize = 3;
+pub(crate) const RUN_HEADER: usize = 3;
 /// Where (in `ARGV`, counted from 1 as Lua does) the first rule's values start, after `now`
 /// and the number of rules.
 const RULES_AT: usize = 3;
