@@ -138,9 +138,9 @@ end
 -- the one it is given), and its reply.
 local lone_location, lone_states, lone_reply = false, false, false
 -- The rule (ARGV[RULES_AT..LONE_PREFIX - 1]) and cost (ARGV[LONE_COST]) of the last lone
--- check, as sent and as numbers: a
--- library's calls mostly repeat them, and comparing Lua strings (interned) costs next to
--- nothing where tonumber costs about 1,500 instructions each (measured with callgrind).
+-- check, as sent and as numbers: a library's calls mostly repeat them, and comparing Lua
+-- strings (interned) costs next to nothing where tonumber costs about 1,500 instructions each
+-- (measured with callgrind).
 local sent_number, sent1, sent2, sent3, sent4, sent_cost = false, false, false, false, false, false
 local number, param1, param2, param3, param4, cost = 0, 0, 0, 0, 0, 0
 
