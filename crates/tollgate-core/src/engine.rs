@@ -20,7 +20,7 @@ use smallvec::SmallVec;
 use crate::algorithm::{Admission, AnyAlgorithm, Report, State};
 use crate::decision::LeaseId;
 use crate::plan::GroupPlan;
-use crate::{Decision, Operation};
+use crate::{Decision, Operation, RuleSet};
 
 /// Access to the states of a group, by their index in its plan.
 pub(crate) trait States {
@@ -104,14 +104,14 @@ pub(crate) fn phases<'a>(
     }
 }
 
-impl<'a> Group<'a> for GroupPlan<'a> {
+impl<'a, P> Group<'a> for GroupPlan<'a, P> {
     fn states(&self) -> usize {
         GroupPlan::states(self).len()
     }
 
     fn demand(&self, at: usize) -> Demand<'a> {
         let s = &GroupPlan::states(self)[at];
-        Demand { algorithm: &s.rule.algorithm, units: s.demand, lease: s.lease }
+        Demand { algorithm: s.algorithm, units: s.demand, lease: s.lease }
     }
 
     fn entries(&self) -> usize {
@@ -119,40 +119,39 @@ impl<'a> Group<'a> for GroupPlan<'a> {
     }
 
     fn entry(&self, at: usize) -> Entry<'a> {
-        let (part, rule) = self.entry_at(at);
-        let planned = &self.parts()[part];
-        Entry {
-            algorithm: &planned.rules.compiled()[rule].algorithm,
-            state: usize::from(self.uses(part)[rule]),
-            op: planned.op,
-        }
+        let (part, state) = self.entry_at(at);
+        let state = usize::from(state);
+        // An entry's algorithm is its state's: entries share a state only under the same rule.
+        Entry { algorithm: GroupPlan::states(self)[state].algorithm, state, op: self.parts()[part].op }
     }
 }
 
 /// Runs one operation on a key's states under a rule set: a group of one part, whose rules
 /// are states `0..n` in order. The caller has validated the operation
 /// ([`Operation::validate`]).
-pub(crate) fn run(plan: &GroupPlan<'_>, now: i64, states: &mut impl States) -> Decision {
+pub(crate) fn run(plan: &GroupPlan<'_>, rules: &RuleSet, now: i64, states: &mut impl States) -> Decision {
     let mut decision = None;
-    run_group(now, plan, states, |_, d| decision = Some(d));
+    run_group(now, plan, |_| rules, states, |_, d| decision = Some(d));
     decision.unwrap_or_else(|| unreachable!("a plan of one part emits one decision"))
 }
 
 /// Runs a group's parts together ([`phases`]); `emit` receives each part's decision (by its
-/// position in the group). The caller has validated the group ([`crate::BatchPlan::new`]).
-pub(crate) fn run_group(
+/// position in the group), made of its outcomes under its rules (`rules_of` the part). The
+/// caller has validated the group ([`crate::BatchPlan::new`]).
+pub(crate) fn run_group<'r, P>(
     now: i64,
-    plan: &GroupPlan<'_>,
+    plan: &GroupPlan<'_, P>,
+    rules_of: impl Fn(usize) -> &'r RuleSet,
     states: &mut impl States,
     mut emit: impl FnMut(usize, Decision),
 ) {
-    let parts = plan.parts();
-    let (mut part, mut outcomes) = (0, Vec::with_capacity(parts[0].rules.len()));
+    let parts = plan.parts().len();
+    let (mut part, mut outcomes) = (0, Vec::with_capacity(rules_of(0).len()));
     phases(now, plan, states, |admission, report| {
-        let rules = parts[part].rules;
+        let rules = rules_of(part);
         outcomes.push(rules.outcome(outcomes.len(), admission, report));
         if outcomes.len() == rules.len() {
-            let next = parts.get(part + 1).map_or(0, |next| next.rules.len());
+            let next = if part + 1 < parts { rules_of(part + 1).len() } else { 0 };
             emit(part, Decision::from_outcomes(std::mem::replace(&mut outcomes, Vec::with_capacity(next))));
             part += 1;
         }

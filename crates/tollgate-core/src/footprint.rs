@@ -2,8 +2,9 @@
 //! known from the rule's algorithm and parameters alone, before anything is stored.
 //!
 //! Callers that accept rules from strangers (the server's inline `limits`, an inline
-//! concurrency rule of `/v1/acquire`) compare [`RuleSet::worst_case_state`] with a budget and
-//! refuse what would not fit. This is the one place the estimates live.
+//! concurrency rule of `/v1/acquire`) compare
+//! [`RuleSet::worst_case_state`](crate::RuleSet::worst_case_state) with a budget and refuse
+//! what would not fit. This is the one place the estimates live.
 //!
 //! What grows:
 //! - A sliding log holds one entry per distinct microsecond at which units were admitted, each
@@ -21,7 +22,7 @@
 //! members) and cost the most per member; the key's own name (the prefix and the caller's key,
 //! up to 512 bytes) is not counted.
 
-use crate::{Rule, RuleKind, RuleSet};
+use crate::{Rule, RuleKind};
 
 /// Bytes per sliding-log entry: a sorted-set member holding a 16-digit time, its score, the
 /// skip-list node and the dictionary entry (measured: 1,289,920 bytes for 10,000 entries, 129
@@ -58,7 +59,7 @@ pub struct StateFootprint {
 impl Rule {
     /// The most this rule's state for one key can take (see the [module](self)'s estimates).
     /// Computed from the parameters as given, valid or not (saturating), so a caller can size a
-    /// rule before [`RuleSet::new`] validates it.
+    /// rule before [`RuleSet::new`](crate::RuleSet::new) validates it.
     pub fn worst_case_state(&self) -> StateFootprint {
         match self.kind {
             RuleKind::SlidingWindowLog { limit, period } => {
@@ -80,26 +81,11 @@ impl Rule {
     }
 }
 
-impl RuleSet {
-    /// The most bytes this set's state for one key can take: its rules' worst cases, and the
-    /// shared hash of its hash-stored rules once. Every rule set one key is checked under adds
-    /// its own (rules of equal parameters share their state).
-    pub fn worst_case_state(&self) -> u64 {
-        let mut bytes = 0u64;
-        let mut hashed = false;
-        for rule in self.compiled() {
-            hashed |= rule.algorithm.hash_fields().is_some();
-            bytes = bytes.saturating_add(rule.rule.worst_case_state().bytes);
-        }
-        if hashed { bytes.saturating_add(SHARED_HASH_BYTES) } else { bytes }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Period;
     use crate::limits::{MAX_CONCURRENCY_LIMIT, MAX_LOG_LIMIT};
+    use crate::{Period, RuleSet};
 
     #[test]
     fn a_log_holds_at_most_its_limit_or_one_entry_per_microsecond() {

@@ -14,7 +14,7 @@ use crate::algorithm::State;
 use crate::engine::{self, States};
 use crate::limits::{MAX_BATCH_PARTS, MAX_RULES};
 use crate::operation::validate_key;
-use crate::plan::GroupPlan;
+use crate::plan::{GroupPlan, KeyRule};
 use crate::ruleset::CompiledRule;
 use crate::{Backend, BatchPlan, Clock, Decision, Error, Operation, Part, RuleSet, SystemClock};
 
@@ -405,7 +405,8 @@ impl<C: Clock> MemoryBackend<C> {
             let Some(entry) = shard.map.get_mut(key) else { unreachable!("inserted above") };
             let index = entry.find(rules);
             let plan = GroupPlan::single(key, rules, op);
-            let decision = engine::run(&plan, now, &mut Found { held: &mut entry.states, index: &index });
+            let decision =
+                engine::run(&plan, rules, now, &mut Found { held: &mut entry.states, index: &index });
             entry.settle(rules, &index);
             if entry.expires_at < entry.floor {
                 shard.index(key);
@@ -466,27 +467,29 @@ impl<C: Clock> MemoryBackend<C> {
             let mut taken = Taken(SmallVec::new());
             let mut at: SmallVec<[usize; 8]> = SmallVec::new();
             for planned in group.states() {
-                let guard = shard_ids.binary_search(&self.shard_of(planned.key)).unwrap_or(0);
+                let KeyRule { key, rule } = planned.place;
+                let guard = shard_ids.binary_search(&self.shard_of(key)).unwrap_or(0);
                 let shard = &mut guards[guard];
-                if !shard.map.contains_key(planned.key) {
-                    shard.map.insert(planned.key.into(), Entry::default());
+                if !shard.map.contains_key(key) {
+                    shard.map.insert(key.into(), Entry::default());
                 }
-                let Some(entry) = shard.map.get_mut(planned.key) else { unreachable!("inserted above") };
-                let found = entry.find_one(planned.rule);
-                let state = planned.rule.algorithm.new_state();
+                let Some(entry) = shard.map.get_mut(key) else { unreachable!("inserted above") };
+                let found = entry.find_one(rule);
+                let state = rule.algorithm.new_state();
                 taken.0.push(std::mem::replace(&mut entry.states[found].state, state));
                 at.push(guard);
             }
-            engine::run_group(now, group, &mut taken, |p, d| decisions[members[p]] = Some(d));
+            let rules_of = |p: usize| parts[members[p]].rules;
+            engine::run_group(now, group, rules_of, &mut taken, |p, d| decisions[members[p]] = Some(d));
             for ((planned, &guard), mut state) in group.states().iter().zip(&at).zip(taken.0) {
+                let KeyRule { key, rule } = planned.place;
                 let shard = &mut guards[guard];
-                let Some(entry) = shard.map.get_mut(planned.key) else { continue };
-                let found = entry.find_one(planned.rule);
-                entry.states[found].expires_at =
-                    planned.rule.algorithm.expires_at(&mut state).unwrap_or(i64::MIN);
+                let Some(entry) = shard.map.get_mut(key) else { continue };
+                let found = entry.find_one(rule);
+                entry.states[found].expires_at = rule.algorithm.expires_at(&mut state).unwrap_or(i64::MIN);
                 entry.states[found].state = state;
                 entry.refresh_expiry();
-                shard.index(planned.key);
+                shard.index(key);
             }
         }
         drop(guards);

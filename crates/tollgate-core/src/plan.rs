@@ -4,14 +4,23 @@
 //! A group is one or more parts decided together, all or nothing. Several parts of a group may
 //! name the same state (the same key under the same rule): that state is refreshed once, asked
 //! once for the sum of their costs, and consumed once, so two parts never both spend one unit.
-//! The plan is what both backends run from: the memory backend moves the planned states out of
-//! its map, the engine ([`crate::engine`]) runs the phases over them, and the Redis script gets
-//! the same plan as arguments (see [`crate::script`]).
+//! The plan is the one place this is worked out, and what every form of the engine runs from:
+//! - [`BatchPlan::new`] validates a batch by its groups' plans (a state asked more than its
+//!   rule's capacity);
+//! - the memory backend moves the planned states out of its map and the engine
+//!   ([`crate::engine`]) runs the phases over them;
+//! - [`crate::script::arguments`] sends a group's plan to the Redis script, and
+//!   [`crate::script::execute`] (the Redis module) plans the group it reads back, states found
+//!   by their place in Redis;
+//! - the script's Lua (`script/engine.lua`, the first step of its `run`) follows the plan it
+//!   was sent, in the same steps as [`GroupPlan::add_entry`].
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 
 use smallvec::SmallVec;
 
+use crate::algorithm::AnyAlgorithm;
 use crate::decision::LeaseId;
 use crate::limits::{MAX_BATCH_PARTS, MAX_RULES};
 use crate::ruleset::CompiledRule;
@@ -31,25 +40,50 @@ static IDENTITY: [u16; MAX_RULES] = {
     out
 };
 
-/// One state a group works on: a key under a rule, and what the group asks of it.
+/// A state's place for the memory backend (and for validation): a key under a rule, the same
+/// state as another place with the same key and rule signature.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct PlannedState<'a> {
+pub(crate) struct KeyRule<'a> {
     /// The key whose state it is.
     pub key: &'a str,
     /// The rule, of the first part naming the state.
     pub rule: &'a CompiledRule,
+}
+
+impl PartialEq for KeyRule<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key && self.rule.signature == other.rule.signature
+    }
+}
+
+impl Eq for KeyRule<'_> {}
+
+impl Hash for KeyRule<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (self.key, &*self.rule.signature).hash(state);
+    }
+}
+
+/// One state a group works on: its place (`P`: where its backend finds it), its algorithm,
+/// and what the group asks of it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PlannedState<'a, P> {
+    /// Where the state is: [`KeyRule`] for the memory backend, the call's state index for
+    /// [`crate::script::execute`].
+    pub place: P,
+    /// The algorithm of the first entry naming the state.
+    pub algorithm: &'a AnyAlgorithm,
     /// The units the group's parts ask of it, together.
     pub demand: u64,
     /// The lease that an acquire takes the units under (the last acquiring part's).
     pub lease: Option<&'a LeaseId>,
 }
 
-/// One part of a group, as planned.
+/// One part of a group, as planned: its operation, and where its entries start.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PlannedPart<'a> {
-    pub rules: &'a RuleSet,
     pub op: Operation<'a>,
-    /// Where this part's rules start in [`GroupPlan::uses`].
+    /// Where this part's entries start in [`GroupPlan::uses`].
     start: usize,
 }
 
@@ -58,24 +92,28 @@ pub(crate) struct PlannedPart<'a> {
 pub(crate) struct OverCapacity {
     /// The part (its position in the group) at which the demand passed the capacity.
     pub part: usize,
-    /// The rule's position in that part's rule set.
+    /// The entry's position in that part (its rule's position in the part's rule set).
     pub rule: usize,
     /// The demand so far.
     pub demand: u64,
 }
 
-/// A group's parts, its distinct states with the summed demand on each, and for each part's
-/// rule the index of its state. Built in one pass over the parts' rules.
+/// A group's parts, its distinct states with the summed demand on each, and for each *entry*
+/// (a rule of a part; the parts' rules in order) the index of its state. Built in one pass:
+/// [`add_part`](Self::add_part), then [`add_entry`](Self::add_entry) for each of its rules.
 #[derive(Clone, Debug)]
-pub(crate) struct GroupPlan<'a> {
+pub(crate) struct GroupPlan<'a, P = KeyRule<'a>> {
     parts: SmallVec<[PlannedPart<'a>; 1]>,
-    states: SmallVec<[PlannedState<'a>; 4]>,
-    /// Each part's rules' state indices, part after part; empty in the plan of a lone
-    /// operation, whose rules are states `0..n` ([`IDENTITY`]).
+    states: SmallVec<[PlannedState<'a, P>; 4]>,
+    /// Each entry's state index, part after part; empty in the plan of a lone operation, whose
+    /// rules are states `0..n` ([`IDENTITY`]).
     uses: SmallVec<[u16; 8]>,
+    /// Each place's state index, once the states outgrow a scan.
+    index: Option<HashMap<P, u16>>,
     over: Option<OverCapacity>,
 }
 
+/// The units an operation asks of each of its states, and the lease it takes them under.
 fn cost_and_lease<'a>(op: &Operation<'a>) -> (u64, Option<&'a LeaseId>) {
     match *op {
         Operation::Check { cost } => (cost, None),
@@ -88,75 +126,100 @@ impl<'a> GroupPlan<'a> {
     /// The plan of a lone operation: each rule its own state (a rule set has no two alike).
     pub fn single(key: &'a str, rules: &'a RuleSet, op: Operation<'a>) -> Self {
         let (demand, lease) = cost_and_lease(&op);
-        let mut plan =
-            GroupPlan { parts: SmallVec::new(), states: SmallVec::new(), uses: SmallVec::new(), over: None };
-        plan.parts.push(PlannedPart { rules, op, start: 0 });
+        let mut plan = GroupPlan::empty();
+        plan.parts.push(PlannedPart { op, start: 0 });
         // Pushed one by one: cheaper than collecting, on the path of every lone operation.
         for rule in rules.compiled() {
-            plan.states.push(PlannedState { key, rule, demand, lease });
+            let place = KeyRule { key, rule };
+            plan.states.push(PlannedState { place, algorithm: &rule.algorithm, demand, lease });
         }
         plan
     }
 
     /// The plan of a group of `(key, rules, operation)` parts, in order.
     pub fn new(parts: impl IntoIterator<Item = (&'a str, &'a RuleSet, Operation<'a>)>) -> Self {
-        let mut plan =
-            GroupPlan { parts: SmallVec::new(), states: SmallVec::new(), uses: SmallVec::new(), over: None };
-        // Built once the states outgrow a scan.
-        let mut index: Option<HashMap<(&'a str, &'a str), u16>> = None;
-        for (p, (key, rules, op)) in parts.into_iter().enumerate() {
-            plan.parts.push(PlannedPart { rules, op, start: plan.uses.len() });
-            let (cost, lease) = cost_and_lease(&op);
-            for (r, rule) in rules.compiled().iter().enumerate() {
-                let same = |s: &PlannedState<'_>| s.key == key && s.rule.signature == rule.signature;
-                let found = match &index {
-                    Some(index) => index.get(&(key, &*rule.signature)).copied(),
-                    None => plan.states.iter().position(same).map(|at| at as u16),
-                };
-                let at = match found {
-                    Some(at) => at,
-                    None => {
-                        let at = plan.states.len() as u16;
-                        plan.states.push(PlannedState { key, rule, demand: 0, lease: None });
-                        if let Some(index) = &mut index {
-                            index.insert((key, &rule.signature), at);
-                        } else if plan.states.len() > SCAN_STATES {
-                            index = Some(
-                                plan.states
-                                    .iter()
-                                    .enumerate()
-                                    .map(|(i, s)| ((s.key, &*s.rule.signature), i as u16))
-                                    .collect(),
-                            );
-                        }
-                        at
-                    }
-                };
-                let state = &mut plan.states[usize::from(at)];
-                state.demand += cost;
-                if lease.is_some() {
-                    state.lease = lease;
-                }
-                if plan.over.is_none() && state.demand > state.rule.algorithm.capacity() {
-                    plan.over = Some(OverCapacity { part: p, rule: r, demand: state.demand });
-                }
-                plan.uses.push(at);
+        let mut plan = GroupPlan::empty();
+        for (key, rules, op) in parts {
+            plan.add_part(op);
+            for rule in rules.compiled() {
+                plan.add_entry(KeyRule { key, rule }, &rule.algorithm);
             }
         }
         plan
     }
+}
 
+impl<'a, P: Copy + Eq + Hash> GroupPlan<'a, P> {
+    /// A plan of no parts yet.
+    pub fn empty() -> Self {
+        GroupPlan {
+            parts: SmallVec::new(),
+            states: SmallVec::new(),
+            uses: SmallVec::new(),
+            index: None,
+            over: None,
+        }
+    }
+
+    /// Starts the next part, whose entries [`add_entry`](Self::add_entry) adds.
+    pub fn add_part(&mut self, op: Operation<'a>) {
+        self.parts.push(PlannedPart { op, start: self.uses.len() });
+    }
+
+    /// Adds an entry of the last part: the state at `place` under `algorithm`. The state is
+    /// the group's first at that place, or a new one (the steps the Lua's plan takes: see
+    /// `run` in `script/engine.lua`): the part's cost is added to its demand, an acquire's
+    /// lease becomes its lease, and the first state whose demand passes its capacity is noted
+    /// ([`over_capacity`](Self::over_capacity)). Returns the state's index.
+    pub fn add_entry(&mut self, place: P, algorithm: &'a AnyAlgorithm) -> u16 {
+        let Some(part) = self.parts.last() else { unreachable!("add_part comes first") };
+        let (cost, lease) = cost_and_lease(&part.op);
+        let found = match &self.index {
+            Some(index) => index.get(&place).copied(),
+            None => self.states.iter().position(|s| s.place == place).map(|at| at as u16),
+        };
+        let at = match found {
+            Some(at) => at,
+            None => {
+                let at = self.states.len() as u16;
+                self.states.push(PlannedState { place, algorithm, demand: 0, lease: None });
+                if let Some(index) = &mut self.index {
+                    index.insert(place, at);
+                } else if self.states.len() > SCAN_STATES {
+                    self.index =
+                        Some(self.states.iter().enumerate().map(|(i, s)| (s.place, i as u16)).collect());
+                }
+                at
+            }
+        };
+        let state = &mut self.states[usize::from(at)];
+        // Saturating: a script call's costs are read, not validated against a rule set.
+        state.demand = state.demand.saturating_add(cost);
+        if lease.is_some() {
+            state.lease = lease;
+        }
+        if self.over.is_none() && state.demand > state.algorithm.capacity() {
+            let part = self.parts.len() - 1;
+            let rule = self.uses.len() - self.parts[part].start;
+            self.over = Some(OverCapacity { part, rule, demand: state.demand });
+        }
+        self.uses.push(at);
+        at
+    }
+}
+
+impl<'a, P> GroupPlan<'a, P> {
     /// The group's parts, in order.
     pub fn parts(&self) -> &[PlannedPart<'a>] {
         &self.parts
     }
 
     /// The distinct states, in the order parts first name them.
-    pub fn states(&self) -> &[PlannedState<'a>] {
+    pub fn states(&self) -> &[PlannedState<'a, P>] {
         &self.states
     }
 
-    /// The state index of each of part `part`'s rules, in its rule set's order.
+    /// The state index of each of part `part`'s entries, in order.
     pub fn uses(&self, part: usize) -> &[u16] {
         if self.uses.is_empty() {
             return &IDENTITY[..self.states.len()];
@@ -166,22 +229,18 @@ impl<'a> GroupPlan<'a> {
         &self.uses[start..end]
     }
 
-    /// How many rules the group's parts have together.
+    /// How many entries the group has (its parts' rules together).
     pub fn entry_count(&self) -> usize {
-        match self.parts.as_slice() {
-            [single] if self.uses.is_empty() => single.rules.len(),
-            _ => self.uses.len(),
-        }
+        if self.uses.is_empty() { self.states.len() } else { self.uses.len() }
     }
 
-    /// The part, and the rule within it, of the group's `at`-th rule (counting its parts'
-    /// rules in order).
-    pub fn entry_at(&self, at: usize) -> (usize, usize) {
+    /// The part of the group's `at`-th entry, and the entry's state index.
+    pub fn entry_at(&self, at: usize) -> (usize, u16) {
         if self.uses.is_empty() {
-            return (0, at);
+            return (0, at as u16);
         }
         let part = self.parts.partition_point(|p| p.start <= at) - 1;
-        (part, at - self.parts[part].start)
+        (part, self.uses[at])
     }
 
     /// The first state asked for more than it can ever hold, if any.

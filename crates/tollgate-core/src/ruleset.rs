@@ -99,7 +99,11 @@ fn inexact(index: usize, kind: &RuleKind) -> RuleError {
     let (capacity, refill, per) = match *kind {
         RuleKind::TokenBucket { capacity, refill, per } => (capacity, refill, per),
         RuleKind::Gcra { limit, period, burst } => (burst, limit, period),
-        _ => (0, 0, crate::Period::MIN), // only rate-based rules can be inexact
+        // Only rate-based rules can be inexact.
+        RuleKind::FixedWindow { .. }
+        | RuleKind::SlidingWindowLog { .. }
+        | RuleKind::SlidingWindowCounter { .. }
+        | RuleKind::Concurrency { .. } => (0, 0, crate::Period::MIN),
     };
     RuleError::Inexact { index, algorithm: kind.algorithm(), capacity, refill, per_micros: per.as_micros() }
 }
@@ -208,6 +212,20 @@ impl RuleSet {
             reset_after: micros(report.reset_after),
             retry_after: if admission.admits { Duration::ZERO } else { micros(admission.retry_after) },
         }
+    }
+
+    /// The most bytes this set's state for one key can take: its rules' worst cases, and the
+    /// shared hash of its hash-stored rules once. Every rule set one key is checked under adds
+    /// its own (rules of equal parameters share their state). The estimates are
+    /// [`crate::footprint`]'s.
+    pub fn worst_case_state(&self) -> u64 {
+        let mut bytes = 0u64;
+        let mut hashed = false;
+        for rule in self.compiled() {
+            hashed |= rule.algorithm.hash_fields().is_some();
+            bytes = bytes.saturating_add(rule.rule.worst_case_state().bytes);
+        }
+        if hashed { bytes.saturating_add(crate::footprint::SHARED_HASH_BYTES) } else { bytes }
     }
 }
 

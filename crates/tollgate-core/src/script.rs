@@ -1,11 +1,13 @@
 //! The algorithms' Lua twins as scripts, and their calling convention, for backends that run
 //! the engine inside Redis (`tollgate-redis`). Nothing here talks to Redis.
 //!
-//! A script is a comment giving the argument layout, `script/prelude.lua`, the `.lua` twin beside each algorithm's Rust module that the rule sets
-//! use, and `script/engine.lua` (the phases of [`crate::engine`]) last, in which the layout's
-//! names (`PER_RULE`, `OP_CHECK`, ...) are replaced by this module's constants. One invocation runs a
-//! batch of [`Part`]s (an [`Operation`] on one key's state under a whole rule set each, the
-//! parts of a group together), whatever the number of rules, atomically.
+//! A script is a comment giving the argument layout, `script/prelude.lua`, the `.lua` twin
+//! beside each algorithm's Rust module that the rule sets use, and `script/engine.lua` (the
+//! phases of the engine, `engine.rs`) last. The layout is defined once, by this module's
+//! constants: `engine.lua` names them (`PER_RULE`, `OP_CHECK`, ...), each name is replaced by
+//! its value when the script is assembled, and the heading comment gives the values. One
+//! invocation runs a batch of [`Part`]s (an [`Operation`] on one key's state under a whole
+//! rule set each, the parts of a group together), whatever the number of rules, atomically.
 //!
 //! On Redis 7.0 and later the backend loads one Redis Functions [`library`] per node, with
 //! every algorithm: `FUNCTION LOAD` defines its functions once, and each call (`FCALL`) runs
@@ -19,18 +21,18 @@
 //! `KEYS` are each part's state keys, part after part, each in its rule set's order (see
 //! [`locations`]). `ARGV`, built by [`arguments`], is:
 //! - `now` in microseconds (`''`: Redis's own clock);
-//! - the number of distinct rules, then [`PER_RULE`] values per rule: its algorithm (its number
+//! - the number of distinct rules, then `PER_RULE` values per rule: its algorithm (its number
 //!   in the script's `ALGORITHMS`), its four parameters, and the prefix of its fields in the key's
 //!   shared hash (`''` when the key is its own). Rules are sent once however many parts name
 //!   them, because Redis pays for every argument;
 //! - the parts, each in one of two forms:
 //!   - a run of lone checks (single-rule checks, each its own group, of one rule, as a coalesced
 //!     batch is): [`OP_RUN`], the rule's number, how many checks, then each check's cost
-//!     ([`RUN_HEADER`] values, then one per check);
+//!     (`RUN_HEADER` values, then one per check);
 //!   - any other part: its operation code, amount (the cost, or the refund), lease id, lease
 //!     units, joins (1 when the part is in the previous part's group), its number of rules
-//!     ([`PART_HEADER`] values), then one value per rule: the *group plan* (see
-//!     [`GroupPlan`](crate::plan)). A positive value is the rule's number, and the rule's state
+//!     (`PART_HEADER` values), then one value per rule: the *group plan* (see
+//!     `GroupPlan`, in `plan.rs`). A positive value is the rule's number, and the rule's state
 //!     is the group's first use of it; a negative value `-j` means the rule's state is the one
 //!     the group's `j`-th rule entry (counting the rules of the group's parts from 1) named
 //!     first: the same key under the same rule, loaded once and asked once for the summed
@@ -55,14 +57,24 @@ pub use call::{CallError, execute, execute_into, parse_int};
 pub use store::{Store, StoreError};
 
 /// Values per distinct rule in the arguments: algorithm number, its parameters, field prefix.
-pub const PER_RULE: usize = 2 + LUA_PARAMETERS;
+pub(crate) const PER_RULE: usize = 2 + LUA_PARAMETERS;
 /// Parameters of a rule's algorithm (see the algorithm trait's `lua_parameters`).
 const LUA_PARAMETERS: usize = 4;
 /// Values heading a part other than a run: operation code, amount, lease id, lease units,
 /// joins, number of rules.
-pub const PART_HEADER: usize = 6;
+pub(crate) const PART_HEADER: usize = 6;
 /// Values heading a run of lone checks: [`OP_RUN`], rule number, number of checks.
-pub const RUN_HEADER: usize = 3;
+pub(crate) const RUN_HEADER: usize = 3;
+/// Where (in `ARGV`, counted from 1 as Lua does) the first rule's values start, after `now`
+/// and the number of rules.
+const RULES_AT: usize = 3;
+/// In a call of one lone check, the most common call, which the script reads without a loop
+/// (`lone` in `engine.lua`): where its rule's field prefix is, after the rule's number and
+/// parameters.
+const LONE_PREFIX: usize = RULES_AT + 1 + LUA_PARAMETERS;
+/// In a call of one lone check: where its cost is, the call's last argument (after the one
+/// rule and [`RUN_HEADER`]).
+const LONE_COST: usize = RULES_AT + PER_RULE + RUN_HEADER;
 /// The operation code of a run of lone checks.
 pub const OP_RUN: &str = "r";
 /// The operation code of [`Operation::Check`].
@@ -75,8 +87,11 @@ pub const OP_REFUND: &str = "refund";
 pub const OP_RELEASE: &str = "release";
 
 /// The layout's constants as Lua values, by the names `engine.lua` uses for them.
-fn layout() -> [(&'static str, String); 8] {
+fn layout() -> [(&'static str, String); 11] {
     [
+        ("RULES_AT", RULES_AT.to_string()),
+        ("LONE_PREFIX", LONE_PREFIX.to_string()),
+        ("LONE_COST", LONE_COST.to_string()),
         ("PER_RULE", PER_RULE.to_string()),
         ("PART_HEADER", PART_HEADER.to_string()),
         ("RUN_HEADER", RUN_HEADER.to_string()),
@@ -271,8 +286,8 @@ impl<'a> Part<'a> {
 type SentRule<'a> = ([i64; 1 + LUA_PARAMETERS], &'a str);
 
 fn sent_rule(rule: &CompiledRule) -> SentRule<'_> {
-    let [a, b, c, d] = rule.algorithm.lua_parameters();
-    ([rule.algorithm.lua_index() as i64 + 1, a, b, c, d], &rule.field_prefix)
+    let [p1, p2, p3, p4] = rule.algorithm.lua_parameters();
+    ([rule.algorithm.lua_index() as i64 + 1, p1, p2, p3, p4], &rule.field_prefix)
 }
 
 /// The script's arguments for `parts` (see the [module docs](self)), decided in one call; with
@@ -298,6 +313,7 @@ pub fn arguments<'a>(parts: &[Part<'a>], now: Option<Timestamp>) -> Vec<Arg<'a>>
         None => Arg::Text(""),
     });
     args.push(Arg::Int(rules.len() as i64));
+    debug_assert_eq!(args.len() + 1, RULES_AT);
     for (values, prefix) in &rules {
         args.extend(values.map(Arg::Int));
         args.push(Arg::Text(prefix));

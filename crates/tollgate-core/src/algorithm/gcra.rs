@@ -231,6 +231,32 @@ mod tests {
     }
 
     #[test]
+    fn a_bucket_full_again_is_refreshed_to_no_state() {
+        // Two units a second, both spent at 0: full again at 1 s.
+        let g = Gcra::new(2, 1_000_000, 2).unwrap();
+        let mut s = State::default();
+        g.consume(&mut s, 0, 2, None);
+        g.refresh(&mut s, 999_999);
+        assert_eq!(g.expires_at(&s), Some(1_000_000), "not full yet: kept");
+        g.refresh(&mut s, 1_000_000);
+        // The same as no state: the memory backend drops it, a module deletes its fields.
+        assert_eq!(s, State::default());
+        assert_eq!(g.expires_at(&s), None);
+        assert_eq!(g.encode(&s, &Stored::Fields(smallvec![])), Stored::Fields(smallvec![0, 0]));
+    }
+
+    #[test]
+    fn the_lua_twin_is_sent_the_exact_interval() {
+        // T = 1 s / 3 = 333,333 + 1/3 microseconds.
+        let g = Gcra::new(3, 1_000_000, 3).unwrap();
+        assert_eq!(g.interval(), [333_333, 1, 3]);
+        assert_eq!(g.lua_parameters(), [3, 333_333, 1, 3]);
+        assert_eq!(Gcra::from_lua_parameters(g.lua_parameters()), Some(g));
+        // A whole number of microseconds: no fraction.
+        assert_eq!(Gcra::new(10, 1_000_000, 10).unwrap().interval(), [100_000, 0, 1]);
+    }
+
+    #[test]
     fn units_owed_is_the_exact_ceiling() {
         let g = Gcra::new(10, 1_000_000, 3).unwrap();
         for k in 0..10 {

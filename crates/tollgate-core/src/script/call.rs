@@ -20,8 +20,9 @@ use smallvec::SmallVec;
 use super::store::{Store, StoreError};
 use super::{OP_ACQUIRE, OP_CHECK, OP_REFUND, OP_RELEASE, OP_RUN, PART_HEADER, PER_RULE, RUN_HEADER};
 use crate::algorithm::{AnyAlgorithm, State, Stored};
-use crate::engine::{self, Demand, Entry, Group, States};
+use crate::engine::{self, States};
 use crate::limits::{MAX_COUNT, MAX_EXACT};
+use crate::plan::{GroupPlan, PlannedState};
 use crate::{Lease, LeaseId, Operation};
 
 /// A key outlives its state by this much, as in the Lua twins (`TTL_MARGIN_MS` in
@@ -144,38 +145,43 @@ pub fn execute_into(
         return Err(CallError::Keys { expected: call.entries.len(), got: keys.len() });
     }
     // Each entry's state, found or added once per place (key and prefix).
-    let mut slots = Slots::default();
-    let entry_slot: Few<usize> = call
+    let mut loaded = LoadedStates::default();
+    let entry_state: Few<usize> = call
         .entries
         .iter()
         .zip(keys)
         .map(|(entry, key)| {
             let rule = &call.rules[entry.rule];
-            slots.find_or_add(key, rule.prefix, &rule.algorithm)
+            loaded.find_or_add(key, rule.prefix, &rule.algorithm)
         })
         .collect();
-    slots.check_sorted_sets_alone()?;
+    loaded.check_sorted_sets_alone()?;
     let now = match call.now {
         Some(now) => now,
         None => store.now()?,
     };
     // Read every state first, so that a failed read leaves the store as it was.
-    slots.read(store)?;
+    loaded.read(store)?;
     reply.extend([now]);
     // Each group runs on the states in memory; nothing is written until every group ran, so a
     // group refused here (its capacity) leaves the store as it was.
     for group in &call.groups {
-        let plan = GroupRun::new(&call, &entry_slot, group.clone())?;
-        engine::phases(now, &plan, &mut SlotStates { slots: &mut slots, of_state: &plan.slots }, |a, r| {
-            reply.extend([
-                i64::from(a.admits),
-                i64::try_from(r.remaining).unwrap_or(i64::MAX),
-                r.reset_after,
-                if a.admits { 0 } else { a.retry_after },
-            ]);
-        });
+        let plan = plan_group(&call, &entry_state, group.clone())?;
+        engine::phases(
+            now,
+            &plan,
+            &mut GroupStates { loaded: &mut loaded, planned: plan.states() },
+            |a, r| {
+                reply.extend([
+                    i64::from(a.admits),
+                    i64::try_from(r.remaining).unwrap_or(i64::MAX),
+                    r.reset_after,
+                    if a.admits { 0 } else { a.retry_after },
+                ]);
+            },
+        );
     }
-    slots.write(store, now, call.now.is_none())?;
+    loaded.write(store, now, call.now.is_none())?;
     Ok(())
 }
 
@@ -208,8 +214,8 @@ impl PartOp {
     }
 }
 
-/// One rule entry of a part: its rule, its part's operation, and (from the group plan) the
-/// group's entry that names the same state first, if another.
+/// One entry of a part (one of its rules): its rule, and its part's operation (its index in
+/// [`Call::ops`]).
 struct CallEntry {
     rule: usize,
     op: usize,
@@ -427,17 +433,18 @@ impl<'c> Call<'c> {
     }
 }
 
-/// A state of the call: where it lives, what was read there, and its value.
-struct Slot<'c> {
+/// A state of the call, loaded from the store: where it lives, what was read there, and its
+/// value.
+struct Loaded<'c> {
     key: &'c [u8],
     prefix: &'c [u8],
     algorithm: &'c AnyAlgorithm,
-    /// The first slot on the same key (this one's index if it is the first): the states of a
-    /// key are read together, and written together, by that slot.
+    /// The first state on the same key (this one's index if it is the first): the states of a
+    /// key are read together, and written together, by that one.
     first_on_key: usize,
-    /// The next slot on the same key, in the order they were added.
+    /// The next state on the same key, in the order they were added.
     next_on_key: Option<usize>,
-    /// The last slot on the key (kept by its first slot only), to add the next in O(1).
+    /// The last state on the key (kept by its first state only), to add the next in O(1).
     last_on_key: usize,
     /// What was read, decoded from nothing else; written back only where it changed.
     stored: Stored,
@@ -449,7 +456,7 @@ struct Slot<'c> {
     state: State,
 }
 
-impl Slot<'_> {
+impl Loaded<'_> {
     /// Whether the state lives in a hash (else in a sorted set of its own).
     fn in_hash(&self) -> bool {
         self.algorithm.hash_fields().is_some()
@@ -461,13 +468,13 @@ type Place<'c> = (&'c [u8], &'c [u8]);
 
 /// The call's states, each read once, by key and field prefix (the same state in Redis).
 #[derive(Default)]
-struct Slots<'c> {
-    slots: Few<Slot<'c>>,
-    /// Beyond [`SCAN_STATES`] states: each place's slot, and each key's first slot.
+struct LoadedStates<'c> {
+    states: Few<Loaded<'c>>,
+    /// Beyond [`SCAN_STATES`] states: each place's state, and each key's first state.
     index: Option<Index<'c>>,
 }
 
-/// Each place's slot, and each key's first slot.
+/// Each place's state, and each key's first state (their indices).
 type Index<'c> = (HashMap<Place<'c>, usize>, HashMap<&'c [u8], usize>);
 
 /// A sorted set's changes: the members to remove, and those to add (score, member).
@@ -512,37 +519,37 @@ fn ttl_millis(expires_at: i64, now: i64) -> i64 {
     (expires_at - now + 999).div_euclid(1000).max(1) + TTL_MARGIN_MS
 }
 
-impl<'c> Slots<'c> {
+impl<'c> LoadedStates<'c> {
     fn find(&self, key: &[u8], prefix: &[u8]) -> Option<usize> {
         match &self.index {
             Some((places, _)) => places.get(&(key, prefix)).copied(),
-            None => self.slots.iter().position(|s| s.prefix == prefix && s.key == key),
+            None => self.states.iter().position(|s| s.prefix == prefix && s.key == key),
         }
     }
 
     fn first_on(&self, key: &[u8]) -> Option<usize> {
         match &self.index {
             Some((_, keys)) => keys.get(key).copied(),
-            None => self.slots.iter().position(|s| s.key == key),
+            None => self.states.iter().position(|s| s.key == key),
         }
     }
 
-    /// The slot of the state at `key` and `prefix`, added (not yet read) if new.
+    /// The index of the state at `key` and `prefix`, added (not yet read) if new.
     fn find_or_add(&mut self, key: &'c [u8], prefix: &'c [u8], algorithm: &'c AnyAlgorithm) -> usize {
         if let Some(at) = self.find(key, prefix) {
             return at;
         }
-        let at = self.slots.len();
+        let at = self.states.len();
         let first_on_key = match self.first_on(key) {
             Some(first) => {
-                let last = self.slots[first].last_on_key;
-                self.slots[last].next_on_key = Some(at);
-                self.slots[first].last_on_key = at;
+                let last = self.states[first].last_on_key;
+                self.states[last].next_on_key = Some(at);
+                self.states[first].last_on_key = at;
                 first
             }
             None => at,
         };
-        self.slots.push(Slot {
+        self.states.push(Loaded {
             key,
             prefix,
             algorithm,
@@ -557,26 +564,26 @@ impl<'c> Slots<'c> {
         if let Some((places, keys)) = &mut self.index {
             places.insert((key, prefix), at);
             keys.entry(key).or_insert(at);
-        } else if self.slots.len() > SCAN_STATES {
-            let places = self.slots.iter().enumerate().map(|(i, s)| ((s.key, s.prefix), i)).collect();
-            let keys = self.slots.iter().map(|s| (s.key, s.first_on_key)).collect();
+        } else if self.states.len() > SCAN_STATES {
+            let places = self.states.iter().enumerate().map(|(i, s)| ((s.key, s.prefix), i)).collect();
+            let keys = self.states.iter().map(|s| (s.key, s.first_on_key)).collect();
             self.index = Some((places, keys));
         }
         at
     }
 
-    /// The slots on the key whose first slot is `first`, in order.
+    /// The states on the key whose first state is `first`, in order.
     fn on_key(&self, first: usize) -> impl Iterator<Item = usize> + '_ {
-        std::iter::successors(Some(first), |&at| self.slots[at].next_on_key)
+        std::iter::successors(Some(first), |&at| self.states[at].next_on_key)
     }
 
     /// Refuses a call that names a sorted-set state's key for another state too, before
     /// anything is read or written: the writes of one would break the other's (or fail on its
     /// type halfway through the call's writes).
     fn check_sorted_sets_alone(&self) -> Result<(), CallError> {
-        for (at, slot) in self.slots.iter().enumerate() {
-            if !slot.in_hash() && (slot.first_on_key != at || slot.next_on_key.is_some()) {
-                return Err(CallError::SharedKey { key: String::from_utf8_lossy(slot.key).into_owned() });
+        for (at, loaded) in self.states.iter().enumerate() {
+            if !loaded.in_hash() && (loaded.first_on_key != at || loaded.next_on_key.is_some()) {
+                return Err(CallError::SharedKey { key: String::from_utf8_lossy(loaded.key).into_owned() });
             }
         }
         Ok(())
@@ -585,24 +592,24 @@ impl<'c> Slots<'c> {
     /// Reads every state: a hash's fields, those of all its states, in one `hash_get`; a
     /// sorted set whole. Then decodes each.
     fn read(&mut self, store: &mut impl Store) -> Result<(), StoreError> {
-        for first in 0..self.slots.len() {
-            if self.slots[first].first_on_key != first {
+        for first in 0..self.states.len() {
+            if self.states[first].first_on_key != first {
                 continue;
             }
-            let key = self.slots[first].key;
-            if !self.slots[first].in_hash() {
+            let key = self.states[first].key;
+            if !self.states[first].in_hash() {
                 // A key of its own (check_sorted_sets_alone).
                 let members = store.sorted_set(key)?;
-                let slot = &mut self.slots[first];
-                slot.found = u8::from(!members.is_empty());
-                slot.stored = Stored::Members(members);
+                let loaded = &mut self.states[first];
+                loaded.found = u8::from(!members.is_empty());
+                loaded.stored = Stored::Members(members);
                 continue;
             }
             let mut names = Names::default();
             for at in self.on_key(first) {
-                let slot = &self.slots[at];
-                for field in slot.algorithm.hash_fields().unwrap_or_default() {
-                    names.push(slot.prefix, field);
+                let loaded = &self.states[at];
+                for field in loaded.algorithm.hash_fields().unwrap_or_default() {
+                    names.push(loaded.prefix, field);
                 }
             }
             let mut values: SmallVec<[Option<i64>; 12]> = SmallVec::from_elem(None, names.ends.len());
@@ -610,26 +617,27 @@ impl<'c> Slots<'c> {
             let mut next = 0;
             let mut at = Some(first);
             while let Some(this) = at {
-                let slot = &mut self.slots[this];
-                let count = slot.algorithm.hash_fields().unwrap_or_default().len();
+                let loaded = &mut self.states[this];
+                let count = loaded.algorithm.hash_fields().unwrap_or_default().len();
                 let read = &values[next..next + count];
                 next += count;
-                slot.found = read
+                loaded.found = read
                     .iter()
                     .enumerate()
                     .filter(|(_, v)| v.is_some())
                     .fold(0, |bits, (i, _)| bits | 1 << i);
-                slot.stored = Stored::Fields(read.iter().map(|v| v.unwrap_or(0)).collect());
-                at = slot.next_on_key;
+                loaded.stored = Stored::Fields(read.iter().map(|v| v.unwrap_or(0)).collect());
+                at = loaded.next_on_key;
             }
         }
-        for slot in &mut self.slots {
-            slot.state = slot.algorithm.decode(&slot.stored).map_err(|corrupt| StoreError::Corrupt {
-                key: String::from_utf8_lossy(slot.key).into_owned(),
-                what: corrupt.0.to_owned(),
-            })?;
-            if slot.found != 0 {
-                slot.had = slot.algorithm.expires_at(&mut slot.state);
+        for loaded in &mut self.states {
+            loaded.state =
+                loaded.algorithm.decode(&loaded.stored).map_err(|corrupt| StoreError::Corrupt {
+                    key: String::from_utf8_lossy(loaded.key).into_owned(),
+                    what: corrupt.0.to_owned(),
+                })?;
+            if loaded.found != 0 {
+                loaded.had = loaded.algorithm.expires_at(&mut loaded.state);
             }
         }
         Ok(())
@@ -638,14 +646,14 @@ impl<'c> Slots<'c> {
     /// Writes what changed, key by key, as the Lua twins would store it, with a TTL covering
     /// it. `clock_is_store`: `now` is the store's own clock (Redis's), which TTLs count on.
     fn write(&mut self, store: &mut impl Store, now: i64, clock_is_store: bool) -> Result<(), StoreError> {
-        for first in 0..self.slots.len() {
-            if self.slots[first].first_on_key != first {
+        for first in 0..self.states.len() {
+            if self.states[first].first_on_key != first {
                 continue;
             }
-            if self.slots[first].in_hash() {
+            if self.states[first].in_hash() {
                 self.write_hash(first, store, now, clock_is_store)?;
             } else {
-                self.slots[first].write_members(store, now)?;
+                self.states[first].write_members(store, now)?;
             }
         }
         Ok(())
@@ -667,16 +675,16 @@ impl<'c> Slots<'c> {
         now: i64,
         clock_is_store: bool,
     ) -> Result<(), StoreError> {
-        let key = self.slots[first].key;
-        let own = self.slots[first].prefix.is_empty() && self.slots[first].next_on_key.is_none();
+        let key = self.states[first].key;
+        let own = self.states[first].prefix.is_empty() && self.states[first].next_on_key.is_none();
         let (mut set, mut values, mut gone) =
             (Names::default(), SmallVec::<[i64; 12]>::new(), Names::default());
         // The latest expiry the key's TTL must cover after this call.
         let mut cover: Option<i64> = None;
         let mut at = Some(first);
         while let Some(this) = at {
-            let Slot { prefix, algorithm, stored, found, had, state, next_on_key, .. } =
-                &mut self.slots[this];
+            let Loaded { prefix, algorithm, stored, found, had, state, next_on_key, .. } =
+                &mut self.states[this];
             at = *next_on_key;
             let fields = algorithm.hash_fields().unwrap_or_default();
             let Some(expires_at) = algorithm.expires_at(state) else {
@@ -727,11 +735,11 @@ impl<'c> Slots<'c> {
     }
 }
 
-impl Slot<'_> {
+impl Loaded<'_> {
     /// Writes a sorted-set state (a key of its own): the members that changed, and a TTL
     /// covering the state; the key deleted when the state is gone.
     fn write_members(&mut self, store: &mut impl Store, now: i64) -> Result<(), StoreError> {
-        let Slot { key, algorithm, stored, found, state, .. } = self;
+        let Loaded { key, algorithm, stored, found, state, .. } = self;
         let Some(expires_at) = algorithm.expires_at(state) else {
             return if *found != 0 { store.delete(key) } else { Ok(()) };
         };
@@ -788,78 +796,41 @@ fn members_diff<'a>(
     (gone, changed)
 }
 
-/// One group of the call, planned: its distinct states (each a slot) and the demand on each.
-struct GroupRun<'a> {
-    demands: SmallVec<[Demand<'a>; 4]>,
-    entries: SmallVec<[Entry<'a>; 4]>,
-    /// Each state's slot.
-    slots: SmallVec<[usize; 4]>,
-}
-
-impl<'a> GroupRun<'a> {
-    /// The group of `call`'s entries `group`, whose states are the slots `entry_slot` gives.
-    fn new(call: &'a Call<'_>, entry_slot: &[usize], group: Range<usize>) -> Result<Self, CallError> {
-        let mut run = GroupRun { demands: SmallVec::new(), entries: SmallVec::new(), slots: SmallVec::new() };
-        for e in group {
-            let entry = &call.entries[e];
-            let rule = &call.rules[entry.rule];
-            let op = call.ops[entry.op].operation();
-            let slot = entry_slot[e];
-            let state = match run.slots.iter().position(|&s| s == slot) {
-                Some(state) => state,
-                None => {
-                    run.slots.push(slot);
-                    run.demands.push(Demand { algorithm: &rule.algorithm, units: 0, lease: None });
-                    run.slots.len() - 1
-                }
-            };
-            let demand = &mut run.demands[state];
-            match op {
-                Operation::Check { cost } => demand.units = demand.units.saturating_add(cost),
-                Operation::Acquire { cost, lease } => {
-                    demand.units = demand.units.saturating_add(cost);
-                    demand.lease = Some(lease);
-                }
-                Operation::Refund { .. } | Operation::Release { .. } => {}
-            }
-            // Never sent by a rule set (BatchPlan refuses it), and beyond the bounds the
-            // algorithms' exact arithmetic is checked for.
-            if demand.units > demand.algorithm.capacity() {
-                return Err(CallError::Capacity);
-            }
-            run.entries.push(Entry { algorithm: &rule.algorithm, state, op });
+/// One group of the call, planned ([`GroupPlan`]): its distinct states, each found by its
+/// index among the call's loaded states (one per place in Redis, the same state for every
+/// entry naming it), and the demand on each.
+fn plan_group<'a>(
+    call: &'a Call<'_>,
+    entry_state: &[usize],
+    group: Range<usize>,
+) -> Result<GroupPlan<'a, usize>, CallError> {
+    let mut plan = GroupPlan::empty();
+    let mut part = None;
+    for e in group {
+        let entry = &call.entries[e];
+        if part != Some(entry.op) {
+            part = Some(entry.op);
+            plan.add_part(call.ops[entry.op].operation());
         }
-        Ok(run)
+        plan.add_entry(entry_state[e], &call.rules[entry.rule].algorithm);
     }
+    // Never sent by a rule set (BatchPlan refuses it), and beyond the bounds the algorithms'
+    // exact arithmetic is checked for.
+    if plan.over_capacity().is_some() {
+        return Err(CallError::Capacity);
+    }
+    Ok(plan)
 }
 
-impl<'a> Group<'a> for GroupRun<'a> {
-    fn states(&self) -> usize {
-        self.demands.len()
-    }
-
-    fn demand(&self, at: usize) -> Demand<'a> {
-        self.demands[at]
-    }
-
-    fn entries(&self) -> usize {
-        self.entries.len()
-    }
-
-    fn entry(&self, at: usize) -> Entry<'a> {
-        self.entries[at]
-    }
+/// A group's states, each the loaded state its plan names.
+struct GroupStates<'s, 'c> {
+    loaded: &'s mut LoadedStates<'c>,
+    planned: &'s [PlannedState<'s, usize>],
 }
 
-/// A group's states, in the call's slots.
-struct SlotStates<'s, 'c> {
-    slots: &'s mut Slots<'c>,
-    of_state: &'s [usize],
-}
-
-impl States for SlotStates<'_, '_> {
+impl States for GroupStates<'_, '_> {
     fn get(&mut self, index: usize) -> &mut State {
-        &mut self.slots.slots[self.of_state[index]].state
+        &mut self.loaded.states[self.planned[index].place].state
     }
 }
 

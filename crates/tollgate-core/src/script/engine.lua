@@ -19,14 +19,22 @@
 -- part's op, cost, amount and lease}. An entry is also its state's location (see hload) and
 -- holds the state, unless the group plan says an earlier entry of the group names the same
 -- state: then `owner` is that entry, which loads the state once and sums the demand on it.
+-- (The plan is GroupPlan in crates/tollgate-core/src/plan.rs, sent by script.rs's arguments:
+-- an entry with an owner is one whose state GroupPlan::add_entry found, an entry without one
+-- is one it added.)
 local now, reply, entries = 0, false, false
 -- The seconds of Redis's clock last read, as TIME gives them and in microseconds.
 local clock_text, clock_seconds = false, 0
 
 -- Runs the entries entries[first..last], one group's; `joint` when the group has several parts
--- (only then may an entry have an owner).
+-- (only then may an entry have an owner), in the phases of engine.rs's `phases`.
 local function run(first, last, joint)
-  -- 1. Load and refresh each state once, and add up what the group asks of it.
+  -- 1. The group plan and the refresh. The plan takes the steps of GroupPlan::add_entry
+  -- (crates/tollgate-core/src/plan.rs) for each entry in order: the entry's state is its
+  -- owner's (a state the plan found) or its own (one it added, loaded here, which refreshes
+  -- it); the entry's cost is added to the state's demand, and an acquire's lease becomes the
+  -- state's lease. (GroupPlan's capacity check is made before a call is sent: BatchPlan
+  -- refuses a group asking a state for more than its capacity.)
   for i = first, last do
     local entry = entries[i]
     local owner = entry
@@ -129,9 +137,10 @@ end
 -- its location, a state table per algorithm number (each algorithm's load fills every field of
 -- the one it is given), and its reply.
 local lone_location, lone_states, lone_reply = false, false, false
--- The rule (ARGV[3..7]) and cost (ARGV[12]) of the last lone check, as sent and as numbers: a
--- library's calls mostly repeat them, and comparing Lua strings (interned) costs next to
--- nothing where tonumber costs about 1,500 instructions each (measured with callgrind).
+-- The rule (ARGV[RULES_AT..LONE_PREFIX - 1]) and cost (ARGV[LONE_COST]) of the last lone
+-- check, as sent and as numbers: a library's calls mostly repeat them, and comparing Lua
+-- strings (interned) costs next to nothing where tonumber costs about 1,500 instructions each
+-- (measured with callgrind).
 local sent_number, sent1, sent2, sent3, sent4, sent_cost = false, false, false, false, false, false
 local number, param1, param2, param3, param4, cost = 0, 0, 0, 0, 0, 0
 
@@ -141,19 +150,21 @@ local function lone(KEYS, ARGV)
   if not lone_location then
     lone_location, lone_states, lone_reply = {key = false, prefix = '', had = 0}, {}, {0, 0, 0, 0, 0}
   end
-  if ARGV[3] ~= sent_number or ARGV[4] ~= sent1 or ARGV[5] ~= sent2 or ARGV[6] ~= sent3
-      or ARGV[7] ~= sent4 then
-    sent_number, sent1, sent2, sent3, sent4 = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+  -- (positions written as sums of the layout's constants, which Lua's compiler folds)
+  if ARGV[RULES_AT] ~= sent_number or ARGV[RULES_AT + 1] ~= sent1 or ARGV[RULES_AT + 2] ~= sent2
+      or ARGV[RULES_AT + 3] ~= sent3 or ARGV[RULES_AT + 4] ~= sent4 then
+    sent_number, sent1, sent2 = ARGV[RULES_AT], ARGV[RULES_AT + 1], ARGV[RULES_AT + 2]
+    sent3, sent4 = ARGV[RULES_AT + 3], ARGV[RULES_AT + 4]
     number, param1, param2 = tonumber(sent_number), tonumber(sent1), tonumber(sent2)
     param3, param4 = tonumber(sent3), tonumber(sent4)
   end
-  if ARGV[12] ~= sent_cost then
-    sent_cost = ARGV[12]
+  if ARGV[LONE_COST] ~= sent_cost then
+    sent_cost = ARGV[LONE_COST]
     cost = tonumber(sent_cost)
   end
   local algorithm = ALGORITHMS[number]
   local location = lone_location
-  location.key, location.prefix, location.had = KEYS[1], ARGV[8], 0
+  location.key, location.prefix, location.had = KEYS[1], ARGV[LONE_PREFIX], 0
   local st = algorithm.load(location, now, param1, param2, param3, param4, lone_states[number])
   lone_states[number] = st
   local admits, wait = algorithm.decide(st, now, math.max(cost, 1))
@@ -161,14 +172,14 @@ local function lone(KEYS, ARGV)
     algorithm.consume(st, now, cost, false)
   end
   local remaining, reset_after = algorithm.report(st, now)
-  local r = lone_reply
-  r[1], r[3], r[4] = now, remaining, reset_after
+  local out = lone_reply
+  out[1], out[3], out[4] = now, remaining, reset_after
   if admits then
-    r[2], r[5] = 1, 0
+    out[2], out[5] = 1, 0
   else
-    r[2], r[5] = 0, wait
+    out[2], out[5] = 0, wait
   end
-  return r
+  return out
 end
 
 -- Decides a call: sets the call's state, then reads the parts, running each group once it is
@@ -185,7 +196,7 @@ local function decide(KEYS, ARGV)
     now = clock_seconds + tonumber(time[2])
   end
   local args = #ARGV
-  if args == 2 + PER_RULE + RUN_HEADER + 1 and ARGV[2 + PER_RULE + 1] == OP_RUN then
+  if args == LONE_COST and ARGV[RULES_AT + PER_RULE] == OP_RUN then
     TTL_COVERS = false
     return lone(KEYS, ARGV)
   end
@@ -195,7 +206,7 @@ local function decide(KEYS, ARGV)
   -- The rules, parsed once: {algorithm, its four parameters, field prefix, and the location and
   -- state tables that lone checks of the rule reuse (see check)}.
   local RULES = {}
-  local at = 3
+  local at = RULES_AT
   for i = 1, tonumber(ARGV[2]) do
     RULES[i] = {algorithm = ALGORITHMS[tonumber(ARGV[at])], param1 = tonumber(ARGV[at + 1]),
                 param2 = tonumber(ARGV[at + 2]), param3 = tonumber(ARGV[at + 3]),
