@@ -50,11 +50,13 @@ fn have(name: &str, package: &str) -> bool {
 
 // --- PromQL and the Prometheus text format -------------------------------------------------
 
-/// A metric selector of a PromQL expression: the metric's name and the labels its matchers name.
+/// A metric selector of a PromQL expression: the metric's name, the labels its matchers name,
+/// and the values its equality matchers (`label="value"`, no Grafana variable) ask for.
 #[derive(Debug, PartialEq)]
 struct Selector {
     metric: String,
     labels: Vec<String>,
+    values: Vec<(String, String)>,
 }
 
 /// PromQL's functions and aggregations the kit uses (an identifier before `(` must be one).
@@ -109,8 +111,9 @@ fn skip_past(chars: &[char], i: usize, close: char) -> usize {
     i + at.unwrap_or_else(|| panic!("no {close} in {}", chars.iter().collect::<String>())) + 1
 }
 
-/// The label names of the matchers `{...}` at `i`, and the index after them.
-fn matcher_labels(chars: &[char], mut i: usize, labels: &mut Vec<String>) -> usize {
+/// The label names of the matchers `{...}` at `i` (with the value of each `=` one), and the
+/// index after them.
+fn matcher_labels(chars: &[char], mut i: usize, labels: &mut Vec<(String, Option<String>)>) -> usize {
     i += 1;
     loop {
         while chars[i].is_whitespace() || chars[i] == ',' {
@@ -123,11 +126,16 @@ fn matcher_labels(chars: &[char], mut i: usize, labels: &mut Vec<String>) -> usi
         while is_word(chars[i]) {
             i += 1;
         }
-        labels.push(chars[start..i].iter().collect());
+        let name: String = chars[start..i].iter().collect();
+        let op_start = i;
         while chars[i].is_whitespace() || matches!(chars[i], '=' | '!' | '~') {
             i += 1;
         }
+        let op: String = chars[op_start..i].iter().filter(|c| !c.is_whitespace()).collect();
+        let value_start = i;
         i = skip_string(chars, i);
+        let value: String = chars[value_start + 1..i - 1].iter().collect();
+        labels.push((name, (op == "=" && !value.contains('$')).then_some(value)));
     }
 }
 
@@ -175,11 +183,13 @@ fn selectors(expr: &str) -> Vec<Selector> {
                 } else if before_paren {
                     panic!("unknown function {word} in {expr}");
                 } else if !KEYWORDS.contains(&word.to_lowercase().as_str()) {
-                    let mut labels = Vec::new();
+                    let mut matchers = Vec::new();
                     if chars.get(next) == Some(&'{') {
-                        i = matcher_labels(&chars, next, &mut labels);
+                        i = matcher_labels(&chars, next, &mut matchers);
                     }
-                    out.push(Selector { metric: word, labels });
+                    let values = matchers.iter().filter_map(|(l, v)| Some((l.clone(), v.clone()?))).collect();
+                    let labels = matchers.into_iter().map(|(l, _)| l).collect();
+                    out.push(Selector { metric: word, labels, values });
                 }
             }
             '{' => panic!("a selector without a metric name in {expr}"),
@@ -192,28 +202,39 @@ fn selectors(expr: &str) -> Vec<Selector> {
 #[test]
 fn selectors_are_found_in_promql() {
     let found = selectors(
-        r#"histogram_quantile(0.99, sum by (le, backend) (rate(a_bucket{x="1", y=~"a|b\"}"}[$__rate_interval])))
+        r#"histogram_quantile(0.99, sum by (le, backend) (rate(a_bucket{x="1", y=~"a|b\"}", z="$v"}[$__rate_interval])))
            / on (z) group_left b offset 5m > 3 * sum(c:d{instance=~"$instance"}[1h] offset 1e3) or vector(0)"#,
     );
-    let want = |metric: &str, labels: &[&str]| Selector {
+    let want = |metric: &str, labels: &[&str], values: &[(&str, &str)]| Selector {
         metric: metric.into(),
         labels: labels.iter().map(|l| (*l).to_owned()).collect(),
+        values: values.iter().map(|(l, v)| ((*l).to_owned(), (*v).to_owned())).collect(),
     };
-    assert_eq!(found, [want("a_bucket", &["x", "y"]), want("b", &[]), want("c:d", &["instance"])]);
+    assert_eq!(
+        found,
+        [
+            want("a_bucket", &["x", "y", "z"], &[("x", "1")]),
+            want("b", &[], &[]),
+            want("c:d", &["instance"], &[])
+        ]
+    );
 }
 
-/// The series of a Prometheus text exposition, each with the label names its samples carry
-/// (a histogram's series are its `_bucket`, `_sum` and `_count`, as PromQL names them).
-fn exported(text: &str) -> BTreeMap<String, BTreeSet<String>> {
-    let mut series: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+/// The series of a Prometheus text exposition, each with the labels its samples carry and
+/// their values (a histogram's series are its `_bucket`, `_sum` and `_count`, as PromQL names
+/// them).
+fn exported(text: &str) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let mut series: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
     for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
         let end = line.find(['{', ' ']).unwrap_or_else(|| panic!("not a sample: {line}"));
         let labels = series.entry(line[..end].to_owned()).or_default();
         if line[end..].starts_with('{') {
             let chars: Vec<char> = line[end..].chars().collect();
-            let mut names = Vec::new();
-            matcher_labels(&chars, 0, &mut names);
-            labels.extend(names);
+            let mut pairs = Vec::new();
+            matcher_labels(&chars, 0, &mut pairs);
+            for (name, value) in pairs {
+                labels.entry(name).or_default().extend(value);
+            }
         }
     }
     series
@@ -424,8 +445,14 @@ async fn every_metric_the_dashboard_and_alerts_query_is_exported() {
             };
             // Prometheus adds `instance` and `job` when it scrapes.
             for label in selector.labels.iter().filter(|l| !["instance", "job"].contains(&l.as_str())) {
-                if !labels.contains(label) {
+                if !labels.contains_key(label) {
                     wrong.push(format!("{from}: {} has no label {label} ({labels:?})", selector.metric));
+                }
+            }
+            for (label, value) in &selector.values {
+                if labels.get(label).is_some_and(|values| !values.contains(value)) {
+                    wrong
+                        .push(format!("{from}: {} has no {label}=\"{value}\" ({labels:?})", selector.metric));
                 }
             }
         }
