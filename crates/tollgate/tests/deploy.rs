@@ -409,7 +409,10 @@ async fn every_metric_the_dashboard_and_alerts_query_is_exported() {
         server.metric("tollgate_redis_calls_total").await,
     );
     assert!(calls >= 1.0 && operations >= calls, "{operations} operations in {calls} calls");
-    assert_eq!(server.metric("tollgate_delayed_total{policy=\"smooth\",result=\"admitted\"}").await, 2.0);
+    // The second and third come within the first's 200 ms, unless this machine is slower than
+    // that between two requests: at least one was held.
+    let delayed = server.metric("tollgate_delayed_total{policy=\"smooth\",result=\"admitted\"}").await;
+    assert!(delayed >= 1.0, "{delayed}");
     let ok = "tollgate_config_last_reload_successful{config=\"file\"}";
     assert_eq!(server.metric(ok).await, 1.0);
 
