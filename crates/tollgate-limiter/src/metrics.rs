@@ -17,6 +17,12 @@ pub const BACKEND_SECONDS: &str = "tollgate_backend_duration_seconds";
 pub const BACKEND_ERRORS: &str = "tollgate_backend_errors_total";
 /// Gauge: 1 while the circuit breaker is open (the primary backend is bypassed), by `backend`.
 pub const BREAKER_OPEN: &str = "tollgate_breaker_open";
+/// Counter: reloads of a configuration file, by `config` (`file`: --config, `envoy`:
+/// --envoy-config) and `result` (`applied`, `refused`). Recorded by the `tollgate` binary.
+pub const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
+/// Gauge: 0 while the last change of a configuration file was refused (the running
+/// configuration is not the file's), 1 otherwise; by `config`. Recorded by the `tollgate` binary.
+pub const CONFIG_LAST_RELOAD_SUCCESSFUL: &str = "tollgate_config_last_reload_successful";
 /// Counter: keys the memory backend forgot before they expired, to stay within its
 /// `max_keys`, by `backend` (`memory`, or `local_fallback` for the limiter's own fallback).
 /// Recorded by `tollgate-core`; named here with the others.

@@ -33,6 +33,9 @@ use tollgate_core::{Decision, RuleSet};
 /// until there is room.
 pub(crate) const CAPACITY: usize = 100_000;
 
+/// Checks answered from the cache, without a Redis call.
+pub(crate) const HITS_METRIC: &str = "tollgate_redis_deny_cache_hits_total";
+
 /// How often a `put` drops every expired entry.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 

@@ -14,6 +14,10 @@ pub(crate) const MODULE_COMMAND: &str = "TOLLGATE.DECIDE";
 /// Calls of the engine by the engine that took them (`engine` = `module` or `lua`).
 pub(crate) const CALLS_METRIC: &str = "tollgate_redis_calls_total";
 
+/// Operations (checks, acquires, ...) sent in those calls: over [`CALLS_METRIC`], how many
+/// decisions coalescing put in one call on average.
+pub(crate) const OPERATIONS_METRIC: &str = "tollgate_redis_operations_total";
+
 /// How long `auto` keeps to the Lua after Redis said it has no module, before it asks again
 /// (a module loaded meanwhile, or a new Cluster master that has it, is then used).
 const ASK_AGAIN: Duration = Duration::from_secs(10);

@@ -358,6 +358,7 @@ impl Client {
             cmd
         };
         let key = keys.first().map_or("", String::as_str);
+        metrics::counter!(engine::OPERATIONS_METRIC).increment(parts.len() as u64);
         let reply = self.bounded(self.call(call, key, variant)).await?;
         let reply: Vec<i64> = redis::from_redis_value(reply).map_err(|e| Error::Backend(Box::new(e)))?;
         let (_, decisions) = script::decode(parts, &reply).map_err(|e| Error::Backend(Box::new(e)))?;
@@ -448,6 +449,7 @@ impl Backend for RedisBackend {
         if let (Some(cache), Some(cost)) = (&self.deny_cache, check)
             && let Some(denied) = cache.get(key, rules, cost, epoch)
         {
+            metrics::counter!(deny_cache::HITS_METRIC).increment(1);
             return Ok(denied);
         }
         let sent = tokio::time::Instant::now();

@@ -1,6 +1,7 @@
 //! The `tollgate` command: `serve` (the HTTP decision API, Envoy's gRPC service and its `/json`
 //! route), `proxy` (a rate-limiting reverse proxy), `bench` and `simulate` (load and algorithm
-//! comparisons), `check-config`, and the management clients `token`, `policy` and `consumer`.
+//! comparisons), `check-config`, the management clients `token`, `policy` and `consumer`, and
+//! the shell's `completions` and `man` pages.
 //! Wires the crates together (config, backend, limiter, server, envoy, tower) and owns the
 //! process: logging, signals, reloading.
 
@@ -15,14 +16,17 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+
+/// The version and the commit it was built from (build.rs; "unknown" outside a git checkout).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("TOLLGATE_COMMIT"), ")");
 
 /// Tollgate: a distributed rate limiter.
 ///
 /// `tollgate serve` answers rate-limit decisions over HTTP (POST /v1/check). Counters live in
 /// this process by default, or in Redis with --redis, shared by every instance.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about)]
+#[command(name = "tollgate", version = VERSION, about, long_about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -89,6 +93,28 @@ enum Command {
         remote: client::Remote,
         #[command(subcommand)]
         command: client::ConsumerCommand,
+    },
+    /// Print a shell completion script for tollgate to stdout.
+    ///
+    /// Bash: `tollgate completions bash > /etc/bash_completion.d/tollgate` (or source it from
+    /// ~/.bashrc). Zsh: write it as `_tollgate` into a directory of $fpath. Fish: write it to
+    /// ~/.config/fish/completions/tollgate.fish.
+    #[command(after_help = "Example:\n  tollgate completions bash")]
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Print tollgate's man page (roff) to stdout, or write one page per command into a
+    /// directory.
+    ///
+    /// `tollgate man | man -l -` reads it now; `tollgate man --out /usr/local/share/man/man1`
+    /// installs tollgate.1 and a page for each subcommand (tollgate-serve.1, ...).
+    #[command(after_help = "Example:\n  tollgate man --out man1")]
+    Man {
+        /// Write tollgate.1 and every subcommand's page into this directory (created if missing)
+        /// instead of printing tollgate.1.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
     },
 }
 
@@ -188,6 +214,11 @@ fn main() -> ExitCode {
         Command::Proxy(args) => run(proxy::run(args)),
         Command::Policy { remote, command } => run(client::policy(remote, command)),
         Command::Consumer { remote, command } => run(client::consumer(remote, command)),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "tollgate", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man { out } => man(out.as_deref()),
         Command::Token(TokenCommand::Create { name, role, apps, database }) => run(async move {
             let store = tollgate_store::Store::connect(&database.url).await?;
             let (token, secret) =
@@ -222,6 +253,26 @@ fn check_config(file: &std::path::Path, merge_domains: bool) -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `man`: tollgate.1 on stdout, or every command's page written into `out`.
+fn man(out: Option<&std::path::Path>) -> ExitCode {
+    let written = match out {
+        None => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout().lock()),
+        Some(dir) => {
+            std::fs::create_dir_all(dir).and_then(|()| clap_mangen::generate_to(Cli::command(), dir))
+        }
+    };
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!(
+                "error: cannot write the man page{}: {e}",
+                out.map(|d| format!(" into {}", d.display())).unwrap_or_default()
+            );
             ExitCode::FAILURE
         }
     }

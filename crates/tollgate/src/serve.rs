@@ -218,6 +218,7 @@ async fn open_state(args: &ServeArgs, limiter: Limiter, config: Config) -> anyho
 /// logged.
 fn watch_config(path: &std::path::Path, state: &AppState) -> anyhow::Result<tollgate_config::Watcher> {
     let (state, startup) = (state.clone(), state.config());
+    reloaded("file", None);
     tollgate_config::watch(path, move |result| match result {
         Ok(new) => {
             if new.server.listen != startup.server.listen
@@ -235,12 +236,29 @@ fn watch_config(path: &std::path::Path, state: &AppState) -> anyhow::Result<toll
             tracing::info!(policies = ?names, "configuration reloaded");
             warn_of_large_policies(&new);
             state.replace_config(new);
+            reloaded("file", Some(true));
         }
         Err(e) => {
+            reloaded("file", Some(false));
             tracing::error!(error = %e, "configuration reload refused; the last good configuration stays")
         }
     })
     .context("cannot watch the configuration file")
+}
+
+/// Records a reload of `config` (`file` or `envoy`): applied, refused, or (None, when the
+/// watch starts) neither, which exports the series at zero so that alerts see the first refusal.
+fn reloaded(config: &'static str, applied: Option<bool>) {
+    use tollgate_limiter::metrics::{CONFIG_LAST_RELOAD_SUCCESSFUL, CONFIG_RELOADS};
+    for result in ["applied", "refused"] {
+        let counted = u64::from(applied == Some(result == "applied"));
+        metrics::counter!(CONFIG_RELOADS, "config" => config, "result" => result).increment(counted);
+    }
+    metrics::gauge!(CONFIG_LAST_RELOAD_SUCCESSFUL, "config" => config).set(if applied == Some(false) {
+        0.0
+    } else {
+        1.0
+    });
 }
 
 /// The Envoy rate-limit service over `limiter`, with the domains of `--envoy-config` (none
@@ -272,6 +290,7 @@ fn watch_envoy(
     service: &tollgate_envoy::EnvoyService,
 ) -> anyhow::Result<tollgate_config::Watcher> {
     let (path, service) = (path.to_owned(), service.clone());
+    reloaded("envoy", None);
     tollgate_config::watch_path(&path.clone(), move || match tollgate_envoy::load(&path, merge) {
         Ok(config) => {
             let names: Vec<&str> = config.domains.iter().map(|d| d.name.as_str()).collect();
@@ -280,8 +299,12 @@ fn watch_envoy(
                 tracing::warn!("Envoy configuration: {warning}");
             }
             service.replace_domains(config.domains);
+            reloaded("envoy", Some(true));
         }
-        Err(e) => tracing::error!(error = %e, "Envoy configuration reload refused; the last good one stays"),
+        Err(e) => {
+            reloaded("envoy", Some(false));
+            tracing::error!(error = %e, "Envoy configuration reload refused; the last good one stays")
+        }
     })
     .context("cannot watch the Envoy configuration")
 }
