@@ -96,7 +96,7 @@ async fn the_heartbeat_counts_instances_within_its_window() {
 }
 
 /// `scripts/bench-reserve`: Redis calls per decision and decisions per second on one hot key
-/// (a global limit of 1 000 000 a minute, 4 limiters of 16 tasks each), then over 100 000 cold
+/// (a global limit of 1 000 000 a minute or `BENCH_LIMIT`, 4 limiters of 16 tasks each), then over 100 000 cold
 /// keys, with reservations off and on. Prints the figures; asserts nothing but that the limit
 /// held.
 #[tokio::test(flavor = "multi_thread")]
@@ -106,7 +106,7 @@ async fn bench_reserve() {
         std::env::var("BENCH_DECISIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(400_000);
     let cold_keys: usize =
         std::env::var("BENCH_COLD_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
-    let limit = 1_000_000;
+    let limit: u64 = std::env::var("BENCH_LIMIT").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     for reserve in [Reserve::Off, Reserve::Auto] {
         for (label, keys) in [("hot key", 1), ("cold keys", cold_keys)] {
             let server = RedisServer::start();
