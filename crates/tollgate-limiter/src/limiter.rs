@@ -441,32 +441,42 @@ impl Limiter {
             }
             Step::Reserve { size, heartbeat } if heartbeat => {
                 if self.inner.breaker.state() != BreakerState::Closed {
+                    table.abandoned(key, policy);
                     return Ok(None);
                 }
                 let primary = &self.inner.primary;
                 match primary.heartbeat(key, &table.instance, reserve::HEARTBEAT_WINDOW).await {
                     Ok(instances) => table.instances_seen(key, policy, instances, size),
-                    // The plain path meets the failure, and the failure policy answers it.
-                    Err(_) => return Ok(None),
+                    Err(_) => {
+                        // The plain path meets the failure, and the failure policy answers it.
+                        table.abandoned(key, policy);
+                        return Ok(None);
+                    }
                 }
             }
             Step::Reserve { size, .. } => size,
         };
         size = size.max(1);
         if size <= cost {
+            table.abandoned(key, policy);
             return Ok(None);
         }
         let sent = table.now();
         let rules = &policy.rules;
-        let (reply, degraded) = self
+        let answered = self
             .answer(
                 self.inner.primary.execute(key, rules, Operation::Check { cost: size }),
                 || Decision::admitted_unchecked(rules),
                 |fallback| fallback.execute_now(key, rules, Operation::Check { cost }),
             )
-            .await?;
+            .await;
+        let Ok((reply, degraded)) = answered else {
+            table.abandoned(key, policy);
+            return answered.map(Some);
+        };
         let name = Arc::clone(&policy.name);
         if degraded {
+            table.abandoned(key, policy);
             // The failure policy answered for this check's own cost.
             return Ok(Some((reply, true)));
         }

@@ -37,7 +37,8 @@
 //! with a block size of 2. The size doubles each time a block runs out while still valid (the
 //! key is hot here), halves when a block expires with units left (it cooled) or a reservation is
 //! refused (and is cut to what the backend reported left), and the key goes back to the plain
-//! path when it reaches 1. It is capped at `limit / (4 × instances seen)` (`limit` being the
+//! path when it reaches 1. One reservation per key is in flight per instance at a time
+//! ([`IN_FLIGHT`]): checks the block cannot answer meanwhile take the plain path. It is capped at `limit / (4 × instances seen)` (`limit` being the
 //! smallest rule's limit, capacity or burst), and by `max` with `{ max = N }`: across instances,
 //! at most a quarter of the limit is held idle. Instances are counted by a heartbeat to the
 //! backend ([`Backend::heartbeat`](tollgate_core::Backend::heartbeat)), sent before a block
@@ -81,6 +82,11 @@ pub const IDLE_AFTER: Duration = Duration::from_secs(5);
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 /// An instance counts as sharing a key for this long after its heartbeat.
 pub const HEARTBEAT_WINDOW: Duration = Duration::from_secs(10);
+/// While a reservation of a key is in flight (for at most this long: a check dropped while
+/// waiting never clears its mark), other checks of the key on this instance that the block
+/// cannot answer take the plain path instead of reserving too: concurrent checks finding a
+/// block empty at once would otherwise each take a block, holding many times the cap idle.
+pub const IN_FLIGHT: Duration = Duration::from_secs(1);
 /// A fixed window's units are refunded only while the window has at least this long left.
 pub const REFUND_MARGIN: Duration = Duration::from_secs(1);
 
@@ -142,6 +148,8 @@ struct Entry {
     /// Instances sharing the key, from the last heartbeat (1 until then).
     instances: u64,
     heartbeat: Option<Timestamp>,
+    /// When this instance's reservation in flight for the key was started, if one is.
+    reserving: Option<Timestamp>,
 }
 
 /// Units taken out of a block that ended, to give back (or count as expired).
@@ -307,6 +315,9 @@ impl Reservations {
             let (reply, sent) = entry.reply.as_ref().unwrap_or_else(|| unreachable!("a block has a reply"));
             return (Step::Served(report(reply, *sent, entry.units, now)), None);
         }
+        if entry.reserving.is_some_and(|since| now < since.saturating_add(IN_FLIGHT)) {
+            return (Step::Plain, None);
+        }
         let mut leftover = None;
         if now >= entry.expires {
             if entry.units > 0 {
@@ -333,6 +344,7 @@ impl Reservations {
             return (Step::Plain, leftover);
         }
         let heartbeat = entry.heartbeat.is_none_or(|at| now >= at.saturating_add(HEARTBEAT_EVERY));
+        entry.reserving = Some(now);
         (Step::Reserve { size, heartbeat }, leftover)
     }
 
@@ -364,6 +376,7 @@ impl Reservations {
             last_used: now,
             instances: 1,
             heartbeat: None,
+            reserving: Some(now),
         };
         let mut shard = lock(self.shard(hash));
         shard.entry(Arc::clone(&policy.name)).or_default().entry(key.into()).or_insert(entry);
@@ -412,6 +425,7 @@ impl Reservations {
                 last_used: now,
                 instances: 1,
                 heartbeat: None,
+                reserving: None,
             });
         if now < entry.expires && entry.units > 0 {
             // Units of a block still valid (another check reserved meanwhile) join this one; a
@@ -427,6 +441,7 @@ impl Reservations {
             entry.window_end = window_end;
         }
         entry.units = entry.units.saturating_add(size - cost);
+        entry.reserving = None;
         entry.reply = Some((reply.clone(), sent));
         entry.last_used = now;
         self.counters.decisions.fetch_add(1, Ordering::Relaxed);
@@ -441,6 +456,17 @@ impl Reservations {
         let mut shard = lock(self.shard(hash));
         if let Some(entry) = shard.get_mut(&policy.name).and_then(|keys| keys.get_mut(key)) {
             entry.size = (entry.size / 2).min(left).max(1);
+            entry.reserving = None;
+        }
+    }
+
+    /// Records that the reservation [`step`](Self::step) asked for was not made (the heartbeat
+    /// failed, the failure policy answered, or the block would not exceed the cost).
+    pub(crate) fn abandoned(&self, key: &str, policy: &Policy) {
+        let hash = self.hash(&policy.name, key);
+        let mut shard = lock(self.shard(hash));
+        if let Some(entry) = shard.get_mut(&policy.name).and_then(|keys| keys.get_mut(key)) {
+            entry.reserving = None;
         }
     }
 

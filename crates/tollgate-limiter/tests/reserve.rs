@@ -20,12 +20,17 @@ struct Shared {
     inner: MemoryBackend<ManualClock>,
     calls: AtomicU64,
     down: AtomicBool,
+    /// Yield before answering, so that concurrent checks interleave as they do over a network.
+    yields: AtomicBool,
 }
 
 #[async_trait]
 impl Backend for Shared {
     async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        if self.yields.load(Ordering::Relaxed) {
+            tokio::task::yield_now().await;
+        }
         if self.down.load(Ordering::Relaxed) {
             return Err(Error::Unavailable("down".into()));
         }
@@ -50,6 +55,7 @@ impl World {
             inner: MemoryBackend::with_clock(clock.clone()),
             calls: AtomicU64::new(0),
             down: AtomicBool::new(false),
+            yields: AtomicBool::new(false),
         });
         let settings = LimiterSettings { on_failure: FailurePolicy::Closed, ..LimiterSettings::default() };
         let limiters = (0..instances)
@@ -251,6 +257,37 @@ async fn under_admission_is_bounded_by_the_units_held_idle() {
     let blocks: u64 = world.limiters.iter().map(|l| l.reserve_stats().blocks).sum();
     assert!(served * 10 > admissions * 8, "{served} of {admissions} admissions from blocks");
     assert!(blocks * 20 < admissions, "{blocks} blocks for {admissions} admissions");
+}
+
+/// Concurrent checks that find a block empty at once take one block between them (the others
+/// go plain meanwhile): the units held stay within the cap, not one cap per task.
+#[tokio::test]
+async fn concurrent_checks_do_not_stampede_into_many_blocks() {
+    let world = World::new(1);
+    world.backend.yields.store(true, Ordering::Relaxed);
+    let limiter = world.limiters[0].clone();
+    let policy = Arc::new(policy(Rule::fixed_window(100_000, Period::MINUTE), Reserve::Auto));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (limiter, policy) = (limiter.clone(), policy.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0u64;
+            for _ in 0..2_000 {
+                admitted += u64::from(limiter.check("k", &policy, 1).await.unwrap().allowed());
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    assert_eq!(admitted, 32_000);
+    let stats = limiter.reserve_stats();
+    assert!(stats.held <= 100_000 / 4, "{stats:?}");
+    assert!(stats.decisions > 16_000, "{stats:?}");
+    let peek = world.backend.inner.execute_now("k", &policy.rules, Operation::Check { cost: 0 }).unwrap();
+    assert_eq!(peek.remaining(), 100_000 - admitted - stats.held, "held = reserved, not admitted");
 }
 
 /// Keys checked fewer than HOT_HITS times per sweep period never get a block: every check is
