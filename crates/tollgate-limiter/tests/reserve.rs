@@ -22,6 +22,9 @@ struct Shared {
     down: AtomicBool,
     /// Yield before answering, so that concurrent checks interleave as they do over a network.
     yields: AtomicBool,
+    /// What heartbeats answer; heartbeats sent.
+    instances: AtomicU64,
+    heartbeats: AtomicU64,
 }
 
 #[async_trait]
@@ -38,6 +41,10 @@ impl Backend for Shared {
     }
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
         self.inner.reset_now(key, rules)
+    }
+    async fn heartbeat(&self, _key: &str, _instance: &str, _window: Duration) -> Result<u64, Error> {
+        self.heartbeats.fetch_add(1, Ordering::Relaxed);
+        Ok(self.instances.load(Ordering::Relaxed))
     }
 }
 
@@ -56,6 +63,8 @@ impl World {
             calls: AtomicU64::new(0),
             down: AtomicBool::new(false),
             yields: AtomicBool::new(false),
+            instances: AtomicU64::new(1),
+            heartbeats: AtomicU64::new(0),
         });
         let settings = LimiterSettings { on_failure: FailurePolicy::Closed, ..LimiterSettings::default() };
         let limiters = (0..instances)
@@ -351,6 +360,29 @@ async fn blocks_are_capped() {
         assert!(largest_possible <= 300 + cap, "{reserve:?}: {stats:?}");
         assert!(stats.blocks >= (300 - 2 * cap) / cap, "{reserve:?}: {stats:?}");
     }
+}
+
+/// The cap shrinks with the instances the heartbeat reports: limit / (4 × instances); and
+/// heartbeats go at most once a second per key.
+#[tokio::test]
+async fn the_cap_follows_the_instances_seen() {
+    let world = World::new(1);
+    world.backend.instances.store(5, Ordering::Relaxed);
+    let limiter = &world.limiters[0];
+    let policy = policy(Rule::fixed_window(2_000, Period::MINUTE), Reserve::Auto);
+    for _ in 0..1_500 {
+        assert!(limiter.check("k", &policy, 1).await.unwrap().allowed());
+    }
+    let stats = limiter.reserve_stats();
+    // Blocks of 2, 4, .., 64, then 100 (2000 / 20) each.
+    assert!(stats.held < 100, "{stats:?}");
+    assert!(stats.blocks >= (1_500 - 126) / 100 + 6, "{stats:?}");
+    assert_eq!(world.backend.heartbeats.load(Ordering::Relaxed), 1, "the clock did not move");
+    world.clock.advance(Duration::from_millis(1_100));
+    for _ in 0..300 {
+        limiter.check("k", &policy, 1).await.unwrap();
+    }
+    assert_eq!(world.backend.heartbeats.load(Ordering::Relaxed), 2);
 }
 
 /// While the backend is down, a block answers up to its units, not degraded; then the failure
