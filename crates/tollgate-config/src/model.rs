@@ -10,7 +10,7 @@ use serde::Deserialize;
 use tollgate_core::{Period, Rule};
 use tollgate_http::ResetHeader;
 use tollgate_limiter::{
-    DecisionLogSettings, FailurePolicy, LimiterSettings, LoggedKey, Mode, Policy, SixPeriods,
+    DecisionLogSettings, FailurePolicy, LimiterSettings, LoggedKey, Mode, Policy, Reserve, SixPeriods,
 };
 use toml::Spanned;
 
@@ -174,6 +174,8 @@ struct PolicySection {
     on_limit: OnLimitKind,
     #[serde(default)]
     max_wait: Option<Spanned<Period>>,
+    #[serde(default)]
+    reserve: Option<Spanned<Reserve>>,
 }
 
 /// A mistake in the file: where (a byte range of the text) and what.
@@ -367,12 +369,14 @@ fn policy(name: &Spanned<String>, section: PolicySection) -> Result<Policy, Mist
     let rule_spans: Vec<Range<usize>> = section.rules.get_ref().iter().map(Spanned::span).collect();
     let rules_span = section.rules.span();
     let wait_span = section.max_wait.as_ref().map(Spanned::span);
+    let reserve_span = section.reserve.as_ref().map(Spanned::span);
     let spec = PolicySpec {
         description: section.description,
         rules: section.rules.into_inner().into_iter().map(Spanned::into_inner).collect(),
         mode: section.mode,
         on_limit: section.on_limit,
         max_wait: section.max_wait.map(Spanned::into_inner),
+        reserve: section.reserve.map(Spanned::into_inner).unwrap_or_default(),
     };
     spec.build(name.get_ref()).map_err(|e| {
         // The line of the field at fault: the name, one rule, max_wait, or the rule list.
@@ -380,6 +384,7 @@ fn policy(name: &Spanned<String>, section: PolicySection) -> Result<Policy, Mist
         let span = match e.field.as_str() {
             "name" => name.span(),
             "max_wait" => wait_span.clone().unwrap_or(rules_span.clone()),
+            "reserve" => reserve_span.clone().unwrap_or(rules_span.clone()),
             _ => rule.and_then(|i| rule_spans.get(i).cloned()).unwrap_or(rules_span.clone()),
         };
         Mistake::at(span, format!("policy {:?}: {}", name.get_ref(), e.message))
@@ -466,6 +471,42 @@ mod tests {
         assert_eq!(
             policy.on_limit,
             tollgate_limiter::OnLimit::Delay { max_wait: std::time::Duration::from_millis(250) }
+        );
+    }
+
+    #[test]
+    fn reserve_is_off_auto_or_a_max_and_refused_for_sliding_and_concurrency_rules() {
+        let fixed = "rules = [{ algorithm = \"fixed_window\", limit = 100, period = \"1m\" }]\n";
+        let reserve_of = |text: &str| {
+            parse(&format!("[policies.a]\n{text}"), "t").unwrap().policies.get("a").unwrap().reserve
+        };
+        assert_eq!(reserve_of(fixed), Reserve::Off);
+        assert_eq!(reserve_of(&format!("{fixed}reserve = \"auto\"\n")), Reserve::Auto);
+        assert_eq!(reserve_of(&format!("{fixed}reserve = \"off\"\n")), Reserve::Off);
+        assert_eq!(reserve_of(&format!("{fixed}reserve = {{ max = 50 }}\n")), Reserve::Max(50));
+        let bucket = "rules = [{ algorithm = \"token_bucket\", capacity = 10, refill = 1, per = \"1s\" }, \
+                      { algorithm = \"gcra\", limit = 10, period = \"1s\", burst = 5 }]\n";
+        assert_eq!(reserve_of(&format!("{bucket}reserve = \"auto\"\n")), Reserve::Auto);
+
+        for (algorithm, extra) in [
+            ("sliding_window_log", "limit = 5, period = \"1m\""),
+            ("sliding_window_counter", "limit = 5, period = \"1m\""),
+            ("concurrency", "limit = 5, lease = \"1m\""),
+        ] {
+            let text = format!(
+                "[policies.hot]\nrules = [{{ algorithm = \"fixed_window\", limit = 9, period = \"1s\" }},\n\
+                 {{ algorithm = \"{algorithm}\", {extra} }}]\nreserve = \"auto\"\n"
+            );
+            let e = error(&text);
+            let message = e.to_string();
+            assert!(message.contains("policy \"hot\""), "{message}");
+            assert!(message.contains(&format!("rules[1], a {algorithm} rule")), "{message}");
+            assert_eq!(e.line(), Some(4), "{message}");
+        }
+        let e = error(&format!("[policies.a]\n{fixed}reserve = {{ max = 0 }}\n"));
+        assert!(e.to_string().contains("max must be at least 1"), "{e}");
+        assert!(
+            error(&format!("[policies.a]\n{fixed}reserve = \"always\"\n")).to_string().contains("reserve")
         );
     }
 

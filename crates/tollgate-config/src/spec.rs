@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tollgate_core::{Period, Rule, RuleError, RuleSet};
-use tollgate_limiter::{Mode, OnLimit, Policy};
+use tollgate_limiter::{Mode, OnLimit, Policy, Reserve};
 
 use crate::MAX_POLICY_NAME_BYTES;
 
@@ -44,13 +44,21 @@ pub struct PolicySpec {
     /// With `delay`: the longest a request is held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_wait: Option<Period>,
+    /// `"off"` (the default), `"auto"` or `{ max = N }`: hot keys answered from reserved
+    /// blocks (see `tollgate_limiter::reserve`).
+    #[serde(default, skip_serializing_if = "is_off")]
+    pub reserve: Reserve,
+}
+
+fn is_off(reserve: &Reserve) -> bool {
+    !reserve.is_on()
 }
 
 /// Why a [`PolicySpec`] is not a valid policy.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct SpecError {
-    /// The field at fault: `name`, `rules`, `rules[2].burst`, `on_limit`, `max_wait`.
+    /// The field at fault: `name`, `rules`, `rules[2].burst`, `on_limit`, `max_wait`, `reserve`.
     pub field: String,
     /// What is wrong.
     pub message: String,
@@ -92,6 +100,7 @@ impl PolicySpec {
             mode: policy.mode,
             on_limit,
             max_wait,
+            reserve: policy.reserve,
         }
     }
 
@@ -124,12 +133,14 @@ impl PolicySpec {
                 OnLimit::Delay { max_wait }
             }
         };
+        self.reserve.validate(&rules).map_err(|e| err("reserve", e.to_string()))?;
         Ok(Policy {
             name: Arc::from(name),
             description: self.description.clone(),
             rules,
             mode: self.mode,
             on_limit,
+            reserve: self.reserve,
         })
     }
 }

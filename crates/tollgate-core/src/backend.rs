@@ -45,6 +45,16 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// Records that `instance` (a limiter process) holds reservations on `key`, and answers
+    /// how many instances did so within the last `window`, this one included (at least 1).
+    /// A limiter sizes its reserved blocks by it, so that the units held idle across all
+    /// instances stay a bounded share of the limit. The default, for backends that only one
+    /// process uses (the in-process one), answers 1.
+    async fn heartbeat(&self, key: &str, instance: &str, window: std::time::Duration) -> Result<u64, Error> {
+        let _ = (key, instance, window);
+        Ok(1)
+    }
+
     /// Checks several keys in one atomic step (see [`Part`]): the parts of a group are
     /// admitted all or nothing; groups are decided in the order they first appear. Returns each
     /// part's decision, in the parts' order: its own rules' verdicts (so a part can be

@@ -30,8 +30,10 @@ pub mod keyspace;
 mod limiter;
 pub mod metrics;
 mod policy;
+pub mod reserve;
 
 pub use breaker::BreakerState;
 pub use decision_log::{DecisionLogError, DecisionLogSettings, LoggedKey};
 pub use limiter::{Check, FailurePolicy, JointVerdict, LimitError, Limiter, LimiterSettings, Verdict};
-pub use policy::{Mode, OnLimit, PERIODS, PeriodLimitError, Policy, SixPeriods};
+pub use policy::{Mode, OnLimit, PERIODS, PeriodLimitError, Policy, Reserve, ReserveError, SixPeriods};
+pub use reserve::ReserveStats;

@@ -6,11 +6,14 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use tollgate_core::{Backend, Decision, Error, Lease, LeaseId, MemoryBackend, Operation, Part, RuleSet};
+use tollgate_core::{
+    Backend, Clock, Decision, Error, Lease, LeaseId, MemoryBackend, Operation, Part, RuleSet, SystemClock,
+};
 
 use crate::breaker::{Breaker, BreakerState};
 use crate::decision_log::{self, DecisionLog, DecisionLogSettings};
 use crate::metrics as m;
+use crate::reserve::{self, Leftover, Reservations, ReserveStats, Step};
 use crate::{Mode, OnLimit, Policy};
 
 /// What to answer when the primary backend fails (or its breaker is open).
@@ -147,6 +150,7 @@ struct Inner {
     settings: LimiterSettings,
     delay_slots: Semaphore,
     decision_log: decision_log::Shared,
+    reservations: Reservations,
 }
 
 /// Decisions under [`Policy`]s from a primary backend, with a failure policy, a circuit breaker
@@ -176,6 +180,17 @@ fn error_kind(e: &Error) -> &'static str {
 impl Limiter {
     /// A limiter over `primary`, named `backend_name` in metrics and logs.
     pub fn new(primary: Arc<dyn Backend>, backend_name: &str, settings: LimiterSettings) -> Self {
+        Self::with_clock(primary, backend_name, settings, SystemClock::new())
+    }
+
+    /// A limiter whose reserved blocks (see [`reserve`](crate::reserve)) expire by `clock`
+    /// (tests move time by hand; give the backend the same clock).
+    pub fn with_clock(
+        primary: Arc<dyn Backend>,
+        backend_name: &str,
+        settings: LimiterSettings,
+        clock: impl Clock,
+    ) -> Self {
         let inner = Inner {
             primary,
             backend_name: backend_name.into(),
@@ -190,6 +205,7 @@ impl Limiter {
                 settings.decision_log.clone().map(|s| Arc::new(DecisionLog::new(s))),
             ),
             settings,
+            reservations: Reservations::new(Arc::new(clock)),
         };
         metrics::gauge!(m::BREAKER_OPEN, "backend" => inner.backend_name.to_string()).set(0.0);
         Limiter { inner: Arc::new(inner) }
@@ -235,9 +251,16 @@ impl Limiter {
 
     /// Checks `cost` units (0 peeks) for `key` under `policy`, applying its mode and `on_limit`
     /// strategy, and records the outcome in the metrics.
+    ///
+    /// Under a policy with [`Reserve`](crate::Reserve) on, a hot key is answered from a block
+    /// of units reserved in advance (see [`reserve`](crate::reserve)).
     pub async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Verdict, LimitError> {
         let op = Operation::Check { cost };
-        let mut verdict = self.verdict(policy, self.decide(key, &policy.rules, op).await?);
+        let decided = match self.reserved(key, policy, cost).await? {
+            Some(decided) => decided,
+            None => self.decide(key, &policy.rules, op).await?,
+        };
+        let mut verdict = self.verdict(policy, decided);
         if let OnLimit::Delay { max_wait } = policy.on_limit
             && !verdict.allowed()
             && cost > 0
@@ -370,6 +393,121 @@ impl Limiter {
         self.inner.primary.reset(key, rules).await.map_err(|e| {
             if e.is_backend_failure() { LimitError::Unavailable(e) } else { LimitError::Invalid(e) }
         })
+    }
+
+    /// What reservations did so far, and the units they hold now.
+    pub fn reserve_stats(&self) -> ReserveStats {
+        self.inner.reservations.stats()
+    }
+
+    /// Gives every reserved unit not yet admitted back to the backend, where the algorithm
+    /// takes it back (see [`reserve`](crate::reserve)), and forgets the blocks; returns the
+    /// units given back. For a graceful shutdown: checks made meanwhile start new blocks.
+    pub async fn shutdown(&self) -> u64 {
+        let leftovers = self.inner.reservations.drain_all();
+        self.give_back(leftovers).await
+    }
+
+    /// A check answered with reservations, or None for the plain path. The flag is true for a
+    /// degraded answer.
+    async fn reserved(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Option<(Decision, bool)>, LimitError> {
+        if !policy.reserve.is_on() || cost == 0 {
+            return Ok(None);
+        }
+        Operation::Check { cost }.validate(key, &policy.rules).map_err(LimitError::Invalid)?;
+        let table = &self.inner.reservations;
+        // Units that cannot go back are counted now; refunds go on in the background, so that
+        // this check does not wait for a sweep's round trips.
+        let (refunds, lost): (Vec<_>, Vec<_>) = table.sweep_if_due().into_iter().partition(|l| l.refundable);
+        self.give_back(lost).await;
+        if !refunds.is_empty() {
+            let limiter = self.clone();
+            tokio::spawn(async move { limiter.give_back(refunds).await });
+        }
+        let (step, leftover) = table.step(key, policy, cost);
+        if let Some(leftover) = leftover {
+            self.give_back(vec![leftover]).await;
+        }
+        let mut size = match step {
+            Step::Plain => return Ok(None),
+            Step::Served(decision) => {
+                metrics::counter!(m::RESERVED_DECISIONS, "policy" => Arc::clone(&policy.name)).increment(1);
+                return Ok(Some((decision, false)));
+            }
+            Step::Reserve { size, heartbeat } if heartbeat => {
+                if self.inner.breaker.state() != BreakerState::Closed {
+                    table.abandoned(key, policy);
+                    return Ok(None);
+                }
+                let primary = &self.inner.primary;
+                match primary.heartbeat(key, &table.instance, reserve::HEARTBEAT_WINDOW).await {
+                    Ok(instances) => table.instances_seen(key, policy, instances, size),
+                    Err(_) => {
+                        // The plain path meets the failure, and the failure policy answers it.
+                        table.abandoned(key, policy);
+                        return Ok(None);
+                    }
+                }
+            }
+            Step::Reserve { size, .. } => size,
+        };
+        size = size.max(1);
+        if size <= cost {
+            table.abandoned(key, policy);
+            return Ok(None);
+        }
+        let sent = table.now();
+        let rules = &policy.rules;
+        let answered = self
+            .answer(
+                self.inner.primary.execute(key, rules, Operation::Check { cost: size }),
+                || Decision::admitted_unchecked(rules),
+                |fallback| fallback.execute_now(key, rules, Operation::Check { cost }),
+            )
+            .await;
+        let Ok((reply, degraded)) = answered else {
+            table.abandoned(key, policy);
+            return answered.map(Some);
+        };
+        let name = Arc::clone(&policy.name);
+        if degraded {
+            table.abandoned(key, policy);
+            // The failure policy answered for this check's own cost.
+            return Ok(Some((reply, true)));
+        }
+        if !reply.allowed() {
+            metrics::counter!(m::RESERVE_BLOCKS, "policy" => name, "result" => "refused").increment(1);
+            table.refused(key, policy, &reply);
+            return Ok(None);
+        }
+        metrics::counter!(m::RESERVE_BLOCKS, "policy" => name.clone(), "result" => "taken").increment(1);
+        metrics::counter!(m::RESERVED_DECISIONS, "policy" => name).increment(1);
+        Ok(Some((table.taken(key, policy, cost, size, sent, &reply), false)))
+    }
+
+    /// Gives `leftovers` back to the backend where they can go (the rest counted as expired);
+    /// returns the units given back.
+    async fn give_back(&self, leftovers: Vec<Leftover>) -> u64 {
+        let table = &self.inner.reservations;
+        let mut returned = 0;
+        for leftover in leftovers {
+            let op = Operation::Refund { amount: leftover.units };
+            let given = leftover.refundable
+                && self.inner.breaker.state() == BreakerState::Closed
+                && self.inner.primary.execute(&leftover.key, &leftover.rules, op).await.is_ok();
+            table.settled(leftover.units, given);
+            let metric = if given { m::RESERVE_RETURNED } else { m::RESERVE_EXPIRED };
+            metrics::counter!(metric, "policy" => leftover.policy).increment(leftover.units);
+            if given {
+                returned += leftover.units;
+            }
+        }
+        returned
     }
 
     fn verdict(&self, policy: &Policy, (decision, degraded): (Decision, bool)) -> Verdict {

@@ -27,3 +27,13 @@ pub const CONFIG_LAST_RELOAD_SUCCESSFUL: &str = "tollgate_config_last_reload_suc
 /// `max_keys`, by `backend` (`memory`, or `local_fallback` for the limiter's own fallback).
 /// Recorded by `tollgate-core`; named here with the others.
 pub const MEMORY_EVICTIONS: &str = tollgate_core::EVICTIONS_METRIC;
+/// Counter: decisions answered from a reserved block, without a backend call (or with the call
+/// that reserved the block), by `policy`.
+pub const RESERVED_DECISIONS: &str = "tollgate_reserved_decisions_total";
+/// Counter: reservations of a block, by `policy` and `result` (`taken`, `refused`).
+pub const RESERVE_BLOCKS: &str = "tollgate_reserve_blocks_total";
+/// Counter: unused reserved units given back to the backend, by `policy`.
+pub const RESERVE_RETURNED: &str = "tollgate_reserve_returned_units_total";
+/// Counter: reserved units that expired unused (their window ended, or they could not be
+/// given back), by `policy`.
+pub const RESERVE_EXPIRED: &str = "tollgate_reserve_expired_units_total";

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tollgate_core::{Period, RuleSet};
+use tollgate_core::{AlgorithmName, Period, RuleKind, RuleSet};
 
 /// Whether a policy's denials are enforced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +34,108 @@ pub enum OnLimit {
     },
 }
 
+/// Whether a policy's hot keys are answered from blocks of units reserved in advance (see
+/// [`crate::reserve`]): the policy's `reserve`, written `"off"`, `"auto"` or `{ max = N }`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "ReserveRepr", into = "ReserveRepr")]
+pub enum Reserve {
+    /// Every check asks the backend.
+    #[default]
+    Off,
+    /// Blocks grow with a key's heat, up to `limit / (4 × instances seen)`.
+    Auto,
+    /// As `Auto`, and never above `max` units.
+    Max(u64),
+}
+
+/// The written form of [`Reserve`]: a word, or a table with `max`.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum ReserveRepr {
+    Word(String),
+    Max {
+        #[serde(rename = "max")]
+        max: u64,
+    },
+}
+
+impl TryFrom<ReserveRepr> for Reserve {
+    type Error = String;
+
+    fn try_from(repr: ReserveRepr) -> Result<Self, String> {
+        match repr {
+            ReserveRepr::Word(word) if word == "off" => Ok(Reserve::Off),
+            ReserveRepr::Word(word) if word == "auto" => Ok(Reserve::Auto),
+            ReserveRepr::Word(word) => {
+                Err(format!("reserve = {word:?}: expected \"off\", \"auto\" or {{ max = N }}"))
+            }
+            ReserveRepr::Max { max } => Ok(Reserve::Max(max)),
+        }
+    }
+}
+
+impl From<Reserve> for ReserveRepr {
+    fn from(reserve: Reserve) -> Self {
+        match reserve {
+            Reserve::Off => ReserveRepr::Word("off".into()),
+            Reserve::Auto => ReserveRepr::Word("auto".into()),
+            Reserve::Max(max) => ReserveRepr::Max { max },
+        }
+    }
+}
+
+/// Why a policy's rules cannot take reservations.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReserveError {
+    /// A rule's algorithm cannot honour a reserved block: a sliding log or a sliding window
+    /// counter (a unit admitted later than it was counted would break its sliding bound), or
+    /// a concurrency rule (its units are held by leases, not spent).
+    #[error(
+        "reserve cannot be used with rules[{index}], a {} rule: only fixed_window, token_bucket \
+         and gcra rules can hand out reserved units without going over the limit",
+        algorithm.as_str()
+    )]
+    Algorithm {
+        /// The rule at fault.
+        index: usize,
+        /// Its algorithm.
+        algorithm: AlgorithmName,
+    },
+    /// `{ max = 0 }`.
+    #[error("reserve = {{ max = 0 }}: max must be at least 1 (use reserve = \"off\" for none)")]
+    ZeroMax,
+}
+
+impl Reserve {
+    /// Whether reservations are on.
+    pub fn is_on(self) -> bool {
+        self != Reserve::Off
+    }
+
+    /// Checks that `rules` can take reservations under this setting (always, when off).
+    pub fn validate(self, rules: &RuleSet) -> Result<(), ReserveError> {
+        if self == Reserve::Max(0) {
+            return Err(ReserveError::ZeroMax);
+        }
+        if !self.is_on() {
+            return Ok(());
+        }
+        match rules.rules().position(|r| !reservable(&r.kind)) {
+            Some(index) => {
+                let algorithm =
+                    rules.rules().nth(index).map_or(AlgorithmName::Concurrency, |r| r.algorithm());
+                Err(ReserveError::Algorithm { index, algorithm })
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// Whether a rule of this kind can hand out units reserved earlier (see [`crate::reserve`]).
+pub(crate) fn reservable(kind: &RuleKind) -> bool {
+    matches!(kind, RuleKind::FixedWindow { .. } | RuleKind::TokenBucket { .. } | RuleKind::Gcra { .. })
+}
+
 /// Rules checked together, with a name, a [`Mode`] and an [`OnLimit`] strategy.
 #[derive(Clone, Debug)]
 pub struct Policy {
@@ -47,12 +149,29 @@ pub struct Policy {
     pub mode: Mode,
     /// Reject, or delay.
     pub on_limit: OnLimit,
+    /// Whether hot keys are answered from reserved blocks ([`Reserve::Off`] unless set).
+    pub reserve: Reserve,
 }
 
 impl Policy {
     /// An enforced policy that rejects at once: the common case.
     pub fn enforce(name: impl Into<Arc<str>>, rules: RuleSet) -> Self {
-        Policy { name: name.into(), description: None, rules, mode: Mode::Enforce, on_limit: OnLimit::Reject }
+        Policy {
+            name: name.into(),
+            description: None,
+            rules,
+            mode: Mode::Enforce,
+            on_limit: OnLimit::Reject,
+            reserve: Reserve::Off,
+        }
+    }
+
+    /// This policy with reservations set to `reserve` (see [`crate::reserve`]); refused when
+    /// its rules cannot take them.
+    pub fn with_reserve(mut self, reserve: Reserve) -> Result<Self, ReserveError> {
+        reserve.validate(&self.rules)?;
+        self.reserve = reserve;
+        Ok(self)
     }
 
     /// This policy in `mode`.

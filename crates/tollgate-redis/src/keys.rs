@@ -54,6 +54,11 @@ pub(crate) fn state_key(tagged: &str, signature: &str) -> String {
     out
 }
 
+/// The suffix of a key's heartbeat set (`<prefix>:{<key>}:instances`): the limiter instances
+/// holding reservations on the key, scored by their last heartbeat in milliseconds. No rule
+/// signature is a bare word, so it names no rule state.
+pub(crate) const INSTANCES: &str = "instances";
+
 /// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the bytes between
 /// the first `{` and the first `}` after it, when not empty), else of the whole key.
 pub(crate) fn slot(key: &str) -> u16 {

@@ -503,6 +503,38 @@ impl Backend for RedisBackend {
         Some(self.client.engine.current())
     }
 
+    /// One pipeline on the key's slot: `ZADD` this instance at now (ms), `ZREMRANGEBYSCORE`
+    /// the instances not seen within `window`, `PEXPIRE` the set by `window` (a key nobody
+    /// reserves on goes), `ZCARD`. Now is the injected clock's, else this host's: scores are
+    /// only compared with `window`, which is long beside clock skews.
+    async fn heartbeat(&self, key: &str, instance: &str, window: Duration) -> Result<u64, Error> {
+        validate_key(key)?;
+        let set = keys::state_key(&keys::tagged(&self.client.prefix, key), keys::INSTANCES);
+        let now = self.client.clock.as_ref().map_or_else(
+            || tollgate_core::Timestamp::from_system_time(std::time::SystemTime::now()),
+            |clock| clock.now(),
+        );
+        let now_ms = now.as_micros() / 1000;
+        let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD").arg(&set).arg(now_ms).arg(instance).ignore();
+        pipe.cmd("ZREMRANGEBYSCORE")
+            .arg(&set)
+            .arg("-inf")
+            .arg(format!("({}", now_ms.saturating_sub(window_ms)))
+            .ignore();
+        pipe.cmd("PEXPIRE").arg(&set).arg(window_ms).ignore();
+        pipe.cmd("ZCARD").arg(&set);
+        let (count,): (u64,) = self
+            .client
+            .bounded(async {
+                let mut conn = self.client.connections.next().await?;
+                pipe.query_async(&mut conn).await
+            })
+            .await?;
+        Ok(count.max(1))
+    }
+
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
         validate_key(key)?;
         if let Some(cache) = &self.deny_cache {

@@ -6,7 +6,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 use tollgate_config::{OnLimitKind, PolicySpec};
 use tollgate_core::{Period, Rule};
-use tollgate_limiter::{Mode, Policy};
+use tollgate_limiter::{Mode, Policy, Reserve};
 
 use crate::audit::{Action, AuditScope, Change, ItemKind};
 use crate::scope::Actor;
@@ -33,6 +33,9 @@ pub struct PolicyInput {
     /// With `delay`: the longest a request is held.
     #[serde(default)]
     pub max_wait: Option<Period>,
+    /// `"off"` (the default), `"auto"` or `{"max": N}`: hot keys answered from reserved blocks.
+    #[serde(default)]
+    pub reserve: Reserve,
     /// The apps the policy belongs to; tokens limited to some apps see and change only those
     /// policies. Empty: a global policy, changed only by unrestricted tokens.
     #[serde(default)]
@@ -78,6 +81,7 @@ impl PolicyInput {
             mode: self.mode,
             on_limit: self.on_limit,
             max_wait: self.max_wait,
+            reserve: self.reserve,
         }
     }
 

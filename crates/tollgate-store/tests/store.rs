@@ -63,6 +63,33 @@ async fn invalid_input_names_the_field(store: &Store) {
     assert!(store.all_policies().await.unwrap().is_empty(), "nothing written");
 }
 
+async fn reserve_is_stored_and_refused_for_sliding_rules(store: &Store) {
+    let mut hot = input(1_000, &[]);
+    hot.reserve = tollgate_limiter::Reserve::Max(8);
+    store.create_policy(Actor::operator("alice"), "hot", &hot).await.unwrap();
+    let record = store.get_policy("hot").await.unwrap();
+    assert_eq!(record.policy().unwrap().reserve, tollgate_limiter::Reserve::Max(8));
+    let json = serde_json::to_value(&record).unwrap();
+    assert_eq!(json["reserve"], serde_json::json!({"max": 8}));
+    // Off is the default, and not written.
+    store.create_policy(Actor::operator("alice"), "cold", &input(1, &[])).await.unwrap();
+    let json = serde_json::to_value(store.get_policy("cold").await.unwrap()).unwrap();
+    assert!(json.get("reserve").is_none(), "{json}");
+
+    let sliding: PolicyInput = serde_json::from_value(serde_json::json!({
+        "rules": [{"algorithm": "sliding_window_log", "limit": 10, "period": "1m"}],
+        "reserve": "auto",
+    }))
+    .unwrap();
+    match store.create_policy(Actor::operator("alice"), "sliding", &sliding).await {
+        Err(StoreError::Invalid { field, message }) => {
+            assert_eq!(field, "reserve");
+            assert!(message.contains("sliding_window_log"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 async fn pages_in_name_order(store: &Store) {
     for i in 0..7 {
         store.create_policy(Actor::operator("alice"), &format!("p{i}"), &input(1, &[])).await.unwrap();
@@ -210,6 +237,7 @@ async fn consumer_limits_round_trip(store: &Store) {
 on_both_drivers!(
     crud_and_optimistic_versions,
     invalid_input_names_the_field,
+    reserve_is_stored_and_refused_for_sliding_rules,
     pages_in_name_order,
     tokens_are_stored_hashed,
     audit_trail_and_revision,

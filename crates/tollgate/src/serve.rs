@@ -164,8 +164,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .map(|path| watch_envoy(path, args.envoy_merge_domains, &envoy))
         .transpose()?;
     serve_grpc(&args, envoy.clone(), crate::listen::Limits { max_body: None, ..limits }).await?;
+    let limiter = state.limiter().clone();
     let app = tollgate_server::router_with(state, tollgate_envoy::json::router(envoy));
     serve_http(listener, app, limits).await;
+    // Reserved units not admitted go back to the backend (see tollgate_limiter::reserve).
+    limiter.shutdown().await;
     Ok(())
 }
 
