@@ -6,7 +6,9 @@
 //! another, in the order they first appear, so a later group sees an earlier one's
 //! consumption. A state named by several parts of one group (the same key under the same rule)
 //! is asked once, for the sum of their costs, so two parts never both spend one unit (see
-//! [`BatchPlan`](crate::BatchPlan), which validates a batch and plans its groups).
+//! [`BatchPlan`](crate::BatchPlan), which validates a batch and plans its groups). On its way
+//! to a Redis script a batch's parts become [`script::CallPart`](crate::script::CallPart)s,
+//! ordered group by group.
 
 use crate::RuleSet;
 
