@@ -34,7 +34,7 @@ fn seed(store: &mut MapStore) {
         Rule::gcra(7, Period::MINUTE, 2),
     ])
     .expect("valid rules");
-    let parts = [script::Part::alone("a", &rules, Operation::Check { cost: 2 })];
+    let parts = [script::CallPart::alone("a", &rules, Operation::Check { cost: 2 })];
     let args: Vec<Vec<u8>> = script::arguments(&parts, Some(Timestamp::from_micros(1_700_000_000_000_000)))
         .iter()
         .map(|a| match a {

@@ -1,16 +1,18 @@
 //! [`Part`]: one key's check in a batch that a backend decides in one atomic step.
-//!
-//! A batch is how several keys are checked together: the descriptors of one Envoy request, or
-//! many callers' checks coalesced into one Redis call. Parts of the same *group* are all or
-//! nothing: consumed only if every one of them is admitted. Groups are decided one after
-//! another, in the order they first appear, so a later group sees an earlier one's
-//! consumption. A state named by several parts of one group (the same key under the same rule)
-//! is asked once, for the sum of their costs, so two parts never both spend one unit (see
-//! [`BatchPlan`](crate::BatchPlan), which validates a batch and plans its groups).
 
 use crate::RuleSet;
 
-/// One key's check in a batch; see the [module docs](self).
+/// One key's check in a batch that a backend decides in one atomic step.
+///
+/// A batch is how several keys are checked together: the descriptors of one Envoy request, or
+/// many callers' checks coalesced into one Redis call. Parts of the same *group* are all or
+/// nothing: consumed only if every one of them is admitted. Groups are decided one after
+/// another, in the order they first appear, so a later group sees an earlier one's
+/// consumption. A state named by several parts of one group (the same key under the same rule)
+/// is asked once, for the sum of their costs, so two parts never both spend one unit (see
+/// [`BatchPlan`](crate::BatchPlan), which validates a batch and plans its groups). On its way
+/// to a Redis script a batch's parts become [`script::CallPart`](crate::script::CallPart)s,
+/// ordered group by group.
 ///
 /// ```
 /// use tollgate_core::{ManualClock, MemoryBackend, Part, Period, Rule, RuleSet};

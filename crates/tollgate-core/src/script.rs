@@ -6,7 +6,7 @@
 //! phases of the engine, `engine.rs`) last. The layout is defined once, by this module's
 //! constants: `engine.lua` names them (`PER_RULE`, `OP_CHECK`, ...), each name is replaced by
 //! its value when the script is assembled, and the heading comment gives the values. One
-//! invocation runs a batch of [`Part`]s (an [`Operation`] on one key's state under a whole
+//! invocation runs a batch of [`CallPart`]s (an [`Operation`] on one key's state under a whole
 //! rule set each, the parts of a group together), whatever the number of rules, atomically.
 //!
 //! On Redis 7.0 and later the backend loads one Redis Functions [`library`] per node, with
@@ -173,7 +173,7 @@ impl Variant {
     }
 
     /// The variant that holds every algorithm of `parts`.
-    pub fn of_parts(parts: &[Part<'_>]) -> Variant {
+    pub fn of_parts(parts: &[CallPart<'_>]) -> Variant {
         Variant(parts.iter().fold(0, |mask, part| mask | Variant::of(part.rules).0))
     }
 
@@ -262,9 +262,15 @@ pub struct ReplyError {
 }
 
 /// One part of a script call: an operation on one key's state under a rule set, and whether it
-/// is all or nothing with the part before it (in its group).
+/// is all or nothing with the part before it (in its group). A "part" in `engine.lua` is one
+/// of these.
+///
+/// It is a batch's [`Part`](crate::Part) as the script takes it: any operation, not only a
+/// check, and its group given by position (`joins`) rather than by number, since the script
+/// reads the parts in one pass. The Redis backend orders a batch's parts group by group and
+/// turns each into one of these; a lone operation is one [`alone`](CallPart::alone).
 #[derive(Clone, Copy, Debug)]
-pub struct Part<'a> {
+pub struct CallPart<'a> {
     /// The key whose state it is (its state keys are the caller's to name: see [`locations`]).
     pub key: &'a str,
     /// The rules.
@@ -275,10 +281,10 @@ pub struct Part<'a> {
     pub joins: bool,
 }
 
-impl<'a> Part<'a> {
+impl<'a> CallPart<'a> {
     /// A part starting its own group.
     pub fn alone(key: &'a str, rules: &'a RuleSet, op: Operation<'a>) -> Self {
-        Part { key, rules, op, joins: false }
+        CallPart { key, rules, op, joins: false }
     }
 }
 
@@ -293,7 +299,7 @@ fn sent_rule(rule: &CompiledRule) -> SentRule<'_> {
 /// The script's arguments for `parts` (see the [module docs](self)), decided in one call; with
 /// `now` of `None` the script reads Redis's clock. The parts of a group must be consecutive
 /// (`joins`).
-pub fn arguments<'a>(parts: &[Part<'a>], now: Option<Timestamp>) -> Vec<Arg<'a>> {
+pub fn arguments<'a>(parts: &[CallPart<'a>], now: Option<Timestamp>) -> Vec<Arg<'a>> {
     // The distinct rules, and each part's rule numbers.
     let mut rules: Vec<SentRule<'a>> = Vec::new();
     let mut numbers: Vec<i64> = Vec::with_capacity(parts.iter().map(|p| p.rules.len()).sum());
@@ -384,7 +390,7 @@ pub fn arguments<'a>(parts: &[Part<'a>], now: Option<Timestamp>) -> Vec<Arg<'a>>
 
 /// For each rule entry of a group (its parts' rules in order): 0 when it is the first to name
 /// its state, else `-j` for the group's `j`-th entry (from 1), which named it first.
-fn group_plan(group: &[Part<'_>]) -> SmallVec<[i64; 16]> {
+fn group_plan(group: &[CallPart<'_>]) -> SmallVec<[i64; 16]> {
     let plan = GroupPlan::new(group.iter().map(|p| (p.key, p.rules, p.op)));
     let mut first: SmallVec<[Option<i64>; 16]> = SmallVec::from_elem(None, plan.states().len());
     let mut out = SmallVec::new();
@@ -405,7 +411,7 @@ fn group_plan(group: &[Part<'_>]) -> SmallVec<[i64; 16]> {
 }
 
 /// Each part's decision in the script's reply, and the time the script decided at.
-pub fn decode(parts: &[Part<'_>], reply: &[i64]) -> Result<(Timestamp, Vec<Decision>), ReplyError> {
+pub fn decode(parts: &[CallPart<'_>], reply: &[i64]) -> Result<(Timestamp, Vec<Decision>), ReplyError> {
     let expected = 1 + 4 * parts.iter().map(|p| p.rules.len()).sum::<usize>();
     if reply.len() != expected {
         return Err(ReplyError { expected, got: reply.len() });
@@ -473,13 +479,13 @@ mod tests {
             RuleSet::new([Rule::fixed_window(5, Period::SECOND), Rule::gcra(3, Period::MINUTE, 2)]).unwrap();
         let check = |cost| Operation::Check { cost };
         let parts = [
-            Part::alone("k", &one, check(1)),
-            Part::alone("k", &one, check(2)),
+            CallPart::alone("k", &one, check(1)),
+            CallPart::alone("k", &one, check(2)),
             // a group of two: not lone, though single-rule
-            Part::alone("k", &one, check(3)),
-            Part { key: "k2", rules: &one, op: check(4), joins: true },
-            Part::alone("k", &two, check(5)),
-            Part::alone("k", &one, check(6)),
+            CallPart::alone("k", &one, check(3)),
+            CallPart { key: "k2", rules: &one, op: check(4), joins: true },
+            CallPart::alone("k", &two, check(5)),
+            CallPart::alone("k", &one, check(6)),
         ];
         let args = arguments(&parts, Some(Timestamp::from_micros(7)));
         let text: Vec<String> = args
@@ -546,10 +552,10 @@ mod tests {
             RuleSet::new([Rule::gcra(3, Period::MINUTE, 2), Rule::fixed_window(5, Period::SECOND)]).unwrap();
         let check = |cost| Operation::Check { cost };
         let parts = [
-            Part::alone("a", &one, check(1)),
-            Part { key: "b", rules: &one, op: check(1), joins: true },
-            Part { key: "a", rules: &two, op: check(1), joins: true },
-            Part::alone("a", &two, check(1)),
+            CallPart::alone("a", &one, check(1)),
+            CallPart { key: "b", rules: &one, op: check(1), joins: true },
+            CallPart { key: "a", rules: &two, op: check(1), joins: true },
+            CallPart::alone("a", &two, check(1)),
         ];
         let args = arguments(&parts, Some(Timestamp::from_micros(7)));
         let tail: Vec<i64> = args

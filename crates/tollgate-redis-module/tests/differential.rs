@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use common::{
     Call, Entry, Rng, call, connect, decide_lua, decide_module, dump, load_script, server_with_module,
 };
-use tollgate_core::script::Part;
+use tollgate_core::script::CallPart;
 use tollgate_core::{Lease, LeaseId, Operation, Period, Rule, RuleSet, Timestamp};
 use tollgate_testkit::{MapStore, RedisServer, Value};
 
@@ -122,10 +122,10 @@ fn steps(seed: u64, count: usize, sets: &[RuleSet]) -> Vec<Step> {
 }
 
 fn to_call(step: &Step, sets: &[RuleSet]) -> Call {
-    let parts: Vec<Part<'_>> = step
+    let parts: Vec<CallPart<'_>> = step
         .parts
         .iter()
-        .map(|(key, set, op, joins)| Part {
+        .map(|(key, set, op, joins)| CallPart {
             key,
             rules: &sets[*set],
             op: match op {

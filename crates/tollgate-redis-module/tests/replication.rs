@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{call, check, connect, decide_module, dump, server_with_module};
-use tollgate_core::script::Part;
+use tollgate_core::script::CallPart;
 use tollgate_core::{Lease, LeaseId, Operation, Period, Rule, RuleSet, Timestamp};
 use tollgate_testkit::RedisServer;
 
@@ -57,7 +57,7 @@ fn a_replica_and_the_aof_hold_the_masters_keys_fields_and_ttls() {
         RuleSet::new([Rule::fixed_window(2, Period::SECOND)]).unwrap(),
     ];
     let mut conn = connect(&master);
-    let mut decide = |parts: &[Part<'_>], now: Option<Timestamp>| {
+    let mut decide = |parts: &[CallPart<'_>], now: Option<Timestamp>| {
         decide_module(&mut conn, &call(parts, now)).unwrap_or_else(|e| panic!("{parts:?}: {e}"))
     };
     // Redis's clock: HSET, ZADD, PEXPIREAT.
@@ -67,13 +67,13 @@ fn a_replica_and_the_aof_hold_the_masters_keys_fields_and_ttls() {
         }
     }
     let lease = Lease { id: "held".parse::<LeaseId>().unwrap(), units: 1 };
-    decide(&[Part::alone("d", &sets[1], Operation::Acquire { cost: 1, lease: &lease.id })], None);
+    decide(&[CallPart::alone("d", &sets[1], Operation::Acquire { cost: 1, lease: &lease.id })], None);
     decide(
-        &[Part::alone("d", &sets[1], Operation::Acquire { cost: 1, lease: &"freed".parse().unwrap() })],
+        &[CallPart::alone("d", &sets[1], Operation::Acquire { cost: 1, lease: &"freed".parse().unwrap() })],
         None,
     );
     decide(
-        &[Part::alone(
+        &[CallPart::alone(
             "d",
             &sets[1],
             Operation::Release { lease: &Lease { id: "freed".parse().unwrap(), units: 1 } },
@@ -127,7 +127,7 @@ fn a_ttl_is_written_only_when_it_must_grow() {
         [Period::SECOND, Period::MINUTE, Period::HOUR, Period::DAY, Period::WEEK, Period::MONTH_30_DAYS];
     let six = RuleSet::new(periods.iter().map(|p| Rule::fixed_window(1000, *p))).unwrap();
     let key = common::state_keys("ttl", &six).remove(0);
-    let decide = |conn: &mut redis::Connection, parts: &[Part<'_>]| {
+    let decide = |conn: &mut redis::Connection, parts: &[CallPart<'_>]| {
         decide_module(conn, &call(parts, None)).unwrap_or_else(|e| panic!("{parts:?}: {e}"))
     };
     assert_eq!(decide(&mut conn, &[check("ttl", &six, 1)])[1], 1);

@@ -128,8 +128,8 @@ async fn collect(
 
 /// One script call for `batch`, each job its own group; every caller gets its answer.
 async fn run(client: &Client, batch: Vec<Job>) {
-    let parts: Vec<script::Part<'_>> =
-        batch.iter().map(|job| script::Part::alone(&job.key, &job.rules, job.op.as_op())).collect();
+    let parts: Vec<script::CallPart<'_>> =
+        batch.iter().map(|job| script::CallPart::alone(&job.key, &job.rules, job.op.as_op())).collect();
     match client.run(&parts).await {
         Ok(decisions) => {
             for (job, decision) in batch.into_iter().zip(decisions) {

@@ -340,7 +340,7 @@ impl Client {
     }
 
     /// Runs `parts` in one script call.
-    pub(crate) async fn run(&self, parts: &[script::Part<'_>]) -> Result<Vec<Decision>, Error> {
+    pub(crate) async fn run(&self, parts: &[script::CallPart<'_>]) -> Result<Vec<Decision>, Error> {
         let now = self.clock.as_ref().map(|c| c.now());
         let variant = Variant::of_parts(parts);
         let keys: Vec<String> = parts.iter().flat_map(|part| self.state_keys(part.key, part.rules)).collect();
@@ -456,7 +456,7 @@ impl Backend for RedisBackend {
         let decision = match &self.coalescer {
             Some(coalescer) => coalescer.execute(key, rules, op).await?,
             None => {
-                let mut decisions = self.client.run(&[script::Part::alone(key, rules, op)]).await?;
+                let mut decisions = self.client.run(&[script::CallPart::alone(key, rules, op)]).await?;
                 decisions.pop().unwrap_or_else(|| unreachable!("one part, one decision"))
             }
         };
@@ -481,14 +481,14 @@ impl Backend for RedisBackend {
         drop(plan);
         let mut decisions: Vec<Option<Decision>> = vec![None; parts.len()];
         for order in calls {
-            let script_parts: Vec<script::Part<'_>> = order
+            let script_parts: Vec<script::CallPart<'_>> = order
                 .iter()
                 .enumerate()
                 .map(|(n, &i)| {
                     let part = &parts[i];
                     let joins = n > 0 && parts[order[n - 1]].group == part.group;
                     let op = Operation::Check { cost: part.cost };
-                    script::Part { key: part.key, rules: part.rules, op, joins }
+                    script::CallPart { key: part.key, rules: part.rules, op, joins }
                 })
                 .collect();
             let decided = self.client.run(&script_parts).await?;

@@ -132,7 +132,7 @@ async fn two_versions_libraries_share_one_redis_and_its_counts() {
     // The other version's function decides on the same state: a lone check of cost 2 of the
     // same rule (the arguments as the backend sends them: see tollgate_core::script).
     let key = backend.state_keys("k", &rules).remove(0);
-    let parts = [script::Part::alone("k", &rules, tollgate_core::Operation::Check { cost: 2 })];
+    let parts = [script::CallPart::alone("k", &rules, tollgate_core::Operation::Check { cost: 2 })];
     let mut args = vec!["FCALL".to_owned(), other.to_owned(), "1".to_owned(), key];
     args.extend(script::arguments(&parts, None).iter().map(|arg| match arg {
         script::Arg::Int(n) => n.to_string(),

@@ -62,7 +62,7 @@ impl<S: TestStore> ScriptBackend<S> {
         (self.naming)(key, rules)
     }
 
-    fn run(&self, parts: &[script::Part<'_>]) -> Result<Vec<Decision>, Error> {
+    fn run(&self, parts: &[script::CallPart<'_>]) -> Result<Vec<Decision>, Error> {
         let now = self.clock.now();
         let keys: Vec<String> = parts.iter().flat_map(|p| self.state_keys(p.key, p.rules)).collect();
         let args: Vec<Vec<u8>> = script::arguments(parts, Some(now))
@@ -86,20 +86,20 @@ impl<S: TestStore> ScriptBackend<S> {
 impl<S: TestStore> Backend for ScriptBackend<S> {
     async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
         op.validate(key, rules)?;
-        let mut decisions = self.run(&[script::Part::alone(key, rules, op)])?;
+        let mut decisions = self.run(&[script::CallPart::alone(key, rules, op)])?;
         Ok(decisions.remove(0))
     }
 
     async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
         let plan = BatchPlan::new(parts)?;
         let order: Vec<usize> = plan.groups().flatten().copied().collect();
-        let script_parts: Vec<script::Part<'_>> = order
+        let script_parts: Vec<script::CallPart<'_>> = order
             .iter()
             .enumerate()
             .map(|(n, &i)| {
                 let part = &parts[i];
                 let joins = n > 0 && parts[order[n - 1]].group == part.group;
-                script::Part {
+                script::CallPart {
                     key: part.key,
                     rules: part.rules,
                     op: Operation::Check { cost: part.cost },
