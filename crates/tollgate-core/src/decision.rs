@@ -4,7 +4,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::AlgorithmName;
+
+/// A decision's outcomes, inline up to two rules (a limit, or a limit over two periods): the
+/// common shapes are decided without allocating.
+pub(crate) type Outcomes = SmallVec<[RuleOutcome; 2]>;
 
 /// One rule's part of a [`Decision`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,7 +42,7 @@ pub struct RuleOutcome {
 /// caller wait longest; when admitted, the one with the fewest units left.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
-    outcomes: Vec<RuleOutcome>,
+    outcomes: Outcomes,
     allowed: bool,
     binding: usize,
 }
@@ -48,7 +54,19 @@ impl Decision {
     /// # Panics
     /// If `outcomes` is empty: a rule set always has at least one rule.
     pub fn from_outcomes(outcomes: Vec<RuleOutcome>) -> Self {
+        Decision::from_outcome_list(SmallVec::from_vec(outcomes))
+    }
+
+    /// [`from_outcomes`](Self::from_outcomes), from outcomes collected without allocating.
+    /// Inlined so the decision is built in its caller's place, not built and then copied.
+    #[inline]
+    pub(crate) fn from_outcome_list(outcomes: Outcomes) -> Self {
         assert!(!outcomes.is_empty(), "a decision needs at least one rule outcome");
+        if let [only] = &outcomes[..] {
+            // One rule (the commonest set) binds by itself.
+            let allowed = only.allowed;
+            return Decision { outcomes, allowed, binding: 0 };
+        }
         let allowed = outcomes.iter().all(|o| o.allowed);
         let by_key = |i: &usize| {
             let o = &outcomes[*i];
@@ -90,7 +108,7 @@ impl Decision {
                 retry_after: Duration::ZERO,
             })
             .collect();
-        Decision::from_outcomes(outcomes)
+        Decision::from_outcome_list(outcomes)
     }
 
     /// Whether the request was admitted (by every rule).

@@ -18,7 +18,7 @@
 use smallvec::SmallVec;
 
 use crate::algorithm::{Admission, AnyAlgorithm, Report, State};
-use crate::decision::LeaseId;
+use crate::decision::{LeaseId, Outcomes};
 use crate::plan::GroupPlan;
 use crate::{Decision, Operation, RuleSet};
 
@@ -84,12 +84,12 @@ pub(crate) fn phases<'a>(
             Operation::Check { .. } | Operation::Acquire { .. } => {}
         }
     }
-    let admissions: SmallVec<[Admission; 8]> = (0..group.states())
-        .map(|at| {
-            let demand = group.demand(at);
-            demand.algorithm.decide(states.get(at), now, demand.units.max(1))
-        })
-        .collect();
+    // Pushed one by one: `collect` into a SmallVec costs more on the path of every decision.
+    let mut admissions: SmallVec<[Admission; 8]> = SmallVec::new();
+    for at in 0..group.states() {
+        let demand = group.demand(at);
+        admissions.push(demand.algorithm.decide(states.get(at), now, demand.units.max(1)));
+    }
     if admissions.iter().all(|a| a.admits) {
         for at in 0..group.states() {
             let demand = group.demand(at);
@@ -126,13 +126,50 @@ impl<'a, P> Group<'a> for GroupPlan<'a, P> {
     }
 }
 
+/// A lone operation as a [`Group`]: one part, whose rules are states `0..n` in order, each asked
+/// the operation's cost. Read straight from the rule set, so a lone operation (the memory
+/// backend's common case) builds no plan.
+struct Single<'a> {
+    rules: &'a RuleSet,
+    op: Operation<'a>,
+    units: u64,
+    lease: Option<&'a LeaseId>,
+}
+
+impl<'a> Group<'a> for Single<'a> {
+    fn states(&self) -> usize {
+        self.rules.len()
+    }
+
+    fn demand(&self, at: usize) -> Demand<'a> {
+        Demand { algorithm: &self.rules.compiled()[at].algorithm, units: self.units, lease: self.lease }
+    }
+
+    fn entries(&self) -> usize {
+        self.rules.len()
+    }
+
+    fn entry(&self, at: usize) -> Entry<'a> {
+        Entry { algorithm: &self.rules.compiled()[at].algorithm, state: at, op: self.op }
+    }
+}
+
 /// Runs one operation on a key's states under a rule set: a group of one part, whose rules
-/// are states `0..n` in order. The caller has validated the operation
-/// ([`Operation::validate`]).
-pub(crate) fn run(plan: &GroupPlan<'_>, rules: &RuleSet, now: i64, states: &mut impl States) -> Decision {
-    let mut decision = None;
-    run_group(now, plan, |_| rules, states, |_, d| decision = Some(d));
-    decision.unwrap_or_else(|| unreachable!("a plan of one part emits one decision"))
+/// are states `0..n` in order (what a [`GroupPlan`] of that one part would say). The caller has
+/// validated the operation ([`Operation::validate`]).
+pub(crate) fn run(rules: &RuleSet, op: Operation<'_>, now: i64, states: &mut impl States) -> Decision {
+    let (units, lease) = match op {
+        Operation::Check { cost } => (cost, None),
+        Operation::Acquire { cost, lease } => (cost, Some(lease)),
+        Operation::Refund { .. } | Operation::Release { .. } => (0, None),
+    };
+    let single = Single { rules, op, units, lease };
+    // Sized once: growing past the inline two would reallocate twice on the way to five rules.
+    let mut outcomes = Outcomes::with_capacity(rules.len());
+    phases(now, &single, states, |admission, report| {
+        outcomes.push(rules.outcome(outcomes.len(), admission, report));
+    });
+    Decision::from_outcome_list(outcomes)
 }
 
 /// Runs a group's parts together ([`phases`]); `emit` receives each part's decision (by its
@@ -146,13 +183,16 @@ pub(crate) fn run_group<'r, P>(
     mut emit: impl FnMut(usize, Decision),
 ) {
     let parts = plan.parts().len();
-    let (mut part, mut outcomes) = (0, Vec::with_capacity(rules_of(0).len()));
+    let (mut part, mut outcomes) = (0, Outcomes::with_capacity(rules_of(0).len()));
     phases(now, plan, states, |admission, report| {
         let rules = rules_of(part);
         outcomes.push(rules.outcome(outcomes.len(), admission, report));
         if outcomes.len() == rules.len() {
             let next = if part + 1 < parts { rules_of(part + 1).len() } else { 0 };
-            emit(part, Decision::from_outcomes(std::mem::replace(&mut outcomes, Vec::with_capacity(next))));
+            emit(
+                part,
+                Decision::from_outcome_list(std::mem::replace(&mut outcomes, Outcomes::with_capacity(next))),
+            );
             part += 1;
         }
     });

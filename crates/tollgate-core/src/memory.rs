@@ -14,7 +14,7 @@ use crate::algorithm::State;
 use crate::engine::{self, States};
 use crate::limits::{MAX_BATCH_PARTS, MAX_RULES};
 use crate::operation::validate_key;
-use crate::plan::{GroupPlan, KeyRule};
+use crate::plan::KeyRule;
 use crate::ruleset::CompiledRule;
 use crate::{Backend, BatchPlan, Clock, Decision, Error, Operation, Part, RuleSet, SystemClock};
 
@@ -395,23 +395,27 @@ impl<C: Clock> MemoryBackend<C> {
     pub fn execute_now(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
         op.validate(key, rules)?;
         let now = self.now();
-        let (decision, evicted) = {
-            let mut shard = self.lock(self.shard_of(key));
-            let mut evicted = 0;
-            if !shard.map.contains_key(key) {
-                evicted = shard.make_room(1, |_| false);
-                shard.map.insert(key.into(), Entry::default());
-            }
-            let Some(entry) = shard.map.get_mut(key) else { unreachable!("inserted above") };
+        // The decision is moved once, into the result: a decision of two rules is too large to
+        // copy cheaply, and each move of it is a `memcpy` call.
+        let mut evicted = 0;
+        let decision = {
+            let mut guard = self.lock(self.shard_of(key));
+            let shard = &mut *guard;
+            // One probe of the map for a key held (the common case); a new key pays a second.
+            let entry = match shard.map.get_mut(key) {
+                Some(entry) => entry,
+                None => {
+                    evicted = shard.make_room(1, |_| false);
+                    shard.map.entry(key.into()).or_default()
+                }
+            };
             let index = entry.find(rules);
-            let plan = GroupPlan::single(key, rules, op);
-            let decision =
-                engine::run(&plan, rules, now, &mut Found { held: &mut entry.states, index: &index });
+            let decision = engine::run(rules, op, now, &mut Found { held: &mut entry.states, index: &index });
             entry.settle(rules, &index);
             if entry.expires_at < entry.floor {
                 shard.index(key);
             }
-            (decision, evicted)
+            decision
         };
         self.evicted(evicted, now);
         self.maybe_sweep(now);

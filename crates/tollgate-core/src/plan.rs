@@ -22,23 +22,12 @@ use smallvec::SmallVec;
 
 use crate::algorithm::AnyAlgorithm;
 use crate::decision::LeaseId;
-use crate::limits::{MAX_BATCH_PARTS, MAX_RULES};
+use crate::limits::MAX_BATCH_PARTS;
 use crate::ruleset::CompiledRule;
 use crate::{Error, Operation, Part, RuleSet};
 
 /// Beyond this many states, a plan finds a state by hash rather than by scanning.
 const SCAN_STATES: usize = 16;
-
-/// State indices `0..n`: the uses of a lone operation's rules, which are all distinct.
-static IDENTITY: [u16; MAX_RULES] = {
-    let mut out = [0; MAX_RULES];
-    let mut i = 0;
-    while i < MAX_RULES {
-        out[i] = i as u16;
-        i += 1;
-    }
-    out
-};
 
 /// A state's place for the memory backend (and for validation): a key under a rule, the same
 /// state as another place with the same key and rule signature.
@@ -105,8 +94,7 @@ pub(crate) struct OverCapacity {
 pub(crate) struct GroupPlan<'a, P = KeyRule<'a>> {
     parts: SmallVec<[PlannedPart<'a>; 1]>,
     states: SmallVec<[PlannedState<'a, P>; 4]>,
-    /// Each entry's state index, part after part; empty in the plan of a lone operation, whose
-    /// rules are states `0..n` ([`IDENTITY`]).
+    /// Each entry's state index, part after part.
     uses: SmallVec<[u16; 8]>,
     /// Each place's state index, once the states outgrow a scan.
     index: Option<HashMap<P, u16>>,
@@ -123,19 +111,6 @@ fn cost_and_lease<'a>(op: &Operation<'a>) -> (u64, Option<&'a LeaseId>) {
 }
 
 impl<'a> GroupPlan<'a> {
-    /// The plan of a lone operation: each rule its own state (a rule set has no two alike).
-    pub fn single(key: &'a str, rules: &'a RuleSet, op: Operation<'a>) -> Self {
-        let (demand, lease) = cost_and_lease(&op);
-        let mut plan = GroupPlan::empty();
-        plan.parts.push(PlannedPart { op, start: 0 });
-        // Pushed one by one: cheaper than collecting, on the path of every lone operation.
-        for rule in rules.compiled() {
-            let place = KeyRule { key, rule };
-            plan.states.push(PlannedState { place, algorithm: &rule.algorithm, demand, lease });
-        }
-        plan
-    }
-
     /// The plan of a group of `(key, rules, operation)` parts, in order.
     pub fn new(parts: impl IntoIterator<Item = (&'a str, &'a RuleSet, Operation<'a>)>) -> Self {
         let mut plan = GroupPlan::empty();
@@ -221,9 +196,6 @@ impl<'a, P> GroupPlan<'a, P> {
 
     /// The state index of each of part `part`'s entries, in order.
     pub fn uses(&self, part: usize) -> &[u16] {
-        if self.uses.is_empty() {
-            return &IDENTITY[..self.states.len()];
-        }
         let start = self.parts[part].start;
         let end = self.parts.get(part + 1).map_or(self.uses.len(), |next| next.start);
         &self.uses[start..end]
@@ -231,14 +203,11 @@ impl<'a, P> GroupPlan<'a, P> {
 
     /// How many entries the group has (its parts' rules together).
     pub fn entry_count(&self) -> usize {
-        if self.uses.is_empty() { self.states.len() } else { self.uses.len() }
+        self.uses.len()
     }
 
     /// The part of the group's `at`-th entry, and the entry's state index.
     pub fn entry_at(&self, at: usize) -> (usize, u16) {
-        if self.uses.is_empty() {
-            return (0, at as u16);
-        }
         let part = self.parts.partition_point(|p| p.start <= at) - 1;
         (part, self.uses[at])
     }

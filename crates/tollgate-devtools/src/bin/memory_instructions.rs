@@ -2,8 +2,18 @@
 //! count their instructions under callgrind (a figure that repeats on a noisy machine, where
 //! wall-clock time does not).
 //!
-//! `memory_instructions <fixed_window|gcra|sliding_window_log|concurrency|five_rules> <n>`
+//! `memory_instructions <fixed_window|gcra|sliding_window_log|concurrency|five_rules|governor> <n>`
+//!
+//! `governor` is the reference of issue 19's targets: governor's keyed limiter (a GCRA on a
+//! DashMap) with the same quota and keys, counted by the same harness so the ratios hold.
+//!
+//! The decisions run inside `decisions_*` functions, which the script has callgrind count alone
+//! (`--toggle-collect`): set-up, such as governor's clock calibrating itself for a time that
+//! varies from run to run, stays out of the figure.
 
+use std::num::NonZeroU32;
+
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tollgate_core::{Lease, LeaseId, MemoryBackend, Operation, Period, Rule, RuleSet};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -12,6 +22,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: memory_instructions <shape> <decisions>".into());
     };
     let n: usize = n.parse()?;
+    // Keys made before the decisions, so that both runs of the script pay the same setup.
+    let keys: Vec<String> = (0..16_384).map(|i| format!("user:{i}")).collect();
+    if shape == "governor" {
+        let per_second = NonZeroU32::new(1000).ok_or("a zero quota")?;
+        let limiter = RateLimiter::keyed(Quota::per_second(per_second));
+        decisions_governor(&limiter, &keys, n);
+        return Ok(());
+    }
     let s = Period::SECOND;
     let rules = RuleSet::new(match shape.as_str() {
         "fixed_window" => vec![Rule::fixed_window(1000, s)],
@@ -27,9 +45,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ],
         other => return Err(format!("unknown shape {other:?}").into()),
     })?;
-    // Keys made before the decisions, so that both runs of the script pay the same setup.
-    let keys: Vec<String> = (0..16_384).map(|i| format!("user:{i}")).collect();
     let backend = MemoryBackend::new();
+    decisions_tollgate(&backend, &rules, &keys, n)
+}
+
+/// Governor's decisions (counted by the script).
+#[inline(never)]
+fn decisions_governor(limiter: &DefaultKeyedRateLimiter<String>, keys: &[String], n: usize) {
+    for i in 0..n {
+        let _ = std::hint::black_box(limiter.check_key(&keys[i % keys.len()]));
+    }
+}
+
+/// Tollgate's decisions (counted by the script).
+#[inline(never)]
+fn decisions_tollgate(
+    backend: &MemoryBackend,
+    rules: &RuleSet,
+    keys: &[String],
+    n: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
     for i in 0..n {
         let key = &keys[i % keys.len()];
         if rules.has_concurrency() {
@@ -37,13 +72,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let id = LeaseId::random();
             std::hint::black_box(backend.execute_now(
                 key,
-                &rules,
+                rules,
                 Operation::Acquire { cost: 1, lease: &id },
             )?);
             let lease = Lease { id, units: 1 };
-            std::hint::black_box(backend.execute_now(key, &rules, Operation::Release { lease: &lease })?);
+            std::hint::black_box(backend.execute_now(key, rules, Operation::Release { lease: &lease })?);
         } else {
-            std::hint::black_box(backend.execute_now(key, &rules, Operation::Check { cost: 1 })?);
+            std::hint::black_box(backend.execute_now(key, rules, Operation::Check { cost: 1 })?);
         }
     }
     Ok(())
