@@ -33,8 +33,8 @@ fn count() -> Value {
 }
 
 /// One rule: `algorithm` and that algorithm's parameters, an optional `name`.
-fn rule() -> Value {
-    let name = json!({"type": ["string", "null"], "minLength": 1, "maxLength": MAX_NAME_BYTES});
+fn rule(with_concurrency: bool) -> Value {
+    let name = json!({"type": ["string", "null"], "maxLength": MAX_NAME_BYTES});
     let shape = |algorithm: &str, params: &[(&str, Value)], required: &[&str]| {
         let mut properties = Map::new();
         properties.insert("algorithm".into(), json!({"type": "string", "enum": [algorithm]}));
@@ -47,11 +47,11 @@ fn rule() -> Value {
         json!({"type": "object", "title": algorithm, "properties": properties, "required": all,
                "additionalProperties": false})
     };
-    json!({
+    let mut rules = json!({
         "description": "A rule as in the configuration file, chosen by its `algorithm`.",
         "oneOf": [
             shape("fixed_window", &[("limit", count()), ("period", period()),
-                ("align", json!({"type": "string", "enum": ["clock", "first_hit"]}))], &["limit", "period"]),
+                ("align", json!({"type": ["string", "null"], "enum": ["clock", "first_hit", null]}))], &["limit", "period"]),
             shape("sliding_window_log", &[("limit", json!({"type": "integer", "minimum": 1,
                 "maximum": tollgate_core::limits::MAX_LOG_LIMIT})), ("period", period())], &["limit", "period"]),
             shape("sliding_window_counter", &[("limit", count()), ("period", period())], &["limit", "period"]),
@@ -59,10 +59,27 @@ fn rule() -> Value {
                 &["capacity", "refill", "per"]),
             shape("gcra", &[("limit", count()), ("period", period()), ("burst", count())],
                 &["limit", "period", "burst"]),
-            shape("concurrency", &[("limit", json!({"type": "integer", "minimum": 1,
-                "maximum": MAX_CONCURRENCY_LIMIT})), ("lease", period())], &["limit", "lease"]),
         ],
-    })
+    });
+    // Units held under leases are taken with /v1/acquire, not checked.
+    if with_concurrency {
+        let concurrency = shape(
+            "concurrency",
+            &[
+                (
+                    "limit",
+                    json!({"type": "integer", "minimum": 1,
+            "maximum": MAX_CONCURRENCY_LIMIT}),
+                ),
+                ("lease", period()),
+            ],
+            &["limit", "lease"],
+        );
+        if let Some(shapes) = rules["oneOf"].as_array_mut() {
+            shapes.push(concurrency);
+        }
+    }
+    rules
 }
 
 /// An object of exactly `properties`, `required` among them.
@@ -81,9 +98,14 @@ fn name() -> Value {
     json!({"type": "string", "minLength": 1})
 }
 
-fn inline_rules() -> Value {
-    json!({"type": "array", "items": {"$ref": "#/components/schemas/Rule"}, "minItems": 1,
-           "maxItems": MAX_INLINE_RULES})
+/// A policy's or token's name as created.
+fn new_name() -> Value {
+    json!({"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"})
+}
+
+fn inline_rules(schema: &str) -> Value {
+    json!({"type": "array", "items": {"$ref": format!("#/components/schemas/{schema}")}, "minItems": 1,
+           "maxItems": MAX_INLINE_RULES, "uniqueItems": true})
 }
 
 fn consumer_id() -> Value {
@@ -102,13 +124,16 @@ fn request_schemas() -> Vec<(&'static str, Value)> {
     let release_units = json!({"type": ["integer", "null"], "minimum": 1, "maximum": MAX_CONCURRENCY_LIMIT,
         "description": "default: all the lease holds"});
     vec![
-        ("Rule", rule()),
+        ("Rule", rule(true)),
+        ("CheckRule", rule(false)),
         (
             "CheckRequest",
             json!({"oneOf": [
                 object(&[("key", key()), ("policy", name()), ("cost", cost.clone())], &["key", "policy"]),
-                object(&[("key", key()), ("limits", inline_rules()), ("cost", cost.clone())], &["key", "limits"]),
-                object(&[("consumer", consumer_id()), ("scope", json!({"type": ["string", "null"]})), ("cost", cost.clone())],
+                object(&[("key", key()), ("limits", inline_rules("CheckRule")), ("cost", cost.clone())], &["key", "limits"]),
+                object(&[("consumer", consumer_id()), ("scope", json!({"type": ["string", "null"], "minLength": 1,
+                "maxLength": MAX_CONSUMER_BYTES, "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"})),
+                ("cost", cost.clone())],
                     &["consumer"]),
                 object(&[("anonymous_ip", json!({"type": "string", "anyOf": [{"format": "ipv4"}, {"format": "ipv6"}]})),
                     ("cost", cost.clone())], &["anonymous_ip"]),
@@ -135,7 +160,7 @@ fn request_schemas() -> Vec<(&'static str, Value)> {
             "ResetRequest",
             json!({"oneOf": [
                 object(&[("key", key()), ("policy", name())], &["key", "policy"]),
-                object(&[("key", key()), ("limits", inline_rules())], &["key", "limits"]),
+                object(&[("key", key()), ("limits", inline_rules("Rule"))], &["key", "limits"]),
             ]}),
         ),
         ("EnvoyRequest", envoy_request()),
@@ -145,7 +170,7 @@ fn request_schemas() -> Vec<(&'static str, Value)> {
             "NewToken",
             object(
                 &[
-                    ("name", name()),
+                    ("name", new_name()),
                     ("role", json!({"type": "string", "enum": ["viewer", "editor", "admin"]})),
                     (
                         "apps",
@@ -202,7 +227,7 @@ fn envoy_request() -> Value {
         &[
             ("entries", json!({"type": "array", "items": entry, "maxItems": 16})),
             ("limit", json!({"oneOf": [limit, {"type": "null"}]})),
-            ("hitsAddend", json!({"type": ["integer", "null"], "minimum": 0})),
+            ("hitsAddend", json!({"type": ["integer", "null"], "minimum": 0, "maximum": u64::MAX})),
         ],
         &["entries"],
     );
@@ -227,7 +252,14 @@ fn policy_input(with_name: bool) -> Value {
         ),
         ("mode", json!({"type": "string", "enum": ["enforce", "shadow"], "default": "enforce"})),
         ("on_limit", json!({"type": "string", "enum": ["reject", "delay"], "default": "reject"})),
-        ("max_wait", json!({"oneOf": [period(), {"type": "null"}]})),
+        (
+            "max_wait",
+            json!({"oneOf": [
+            {"type": "string", "pattern": "^([1-9][0-9]{0,2}ms|[1-9]s|[1-5][0-9]s|60s)$"},
+            {"type": "integer", "minimum": 1, "maximum": 60_000, "description": "milliseconds"},
+            {"type": "null"},
+        ], "description": "up to 60s; with on_limit = delay only, which needs it"}),
+        ),
         (
             "apps",
             json!({"type": "array", "items": app(), "maxItems": 64, "description": "empty: a global policy"}),
@@ -236,13 +268,17 @@ fn policy_input(with_name: bool) -> Value {
     ];
     let mut required = vec!["rules"];
     if with_name {
-        properties.insert(0, ("name", name()));
+        properties.insert(0, ("name", new_name()));
         required.insert(0, "name");
     }
     let mut schema = object(&properties, &required);
     // A longest wait belongs to delaying policies only.
-    schema["if"] = json!({"properties": {"max_wait": {"not": {"type": "null"}}}, "required": ["max_wait"]});
-    schema["then"] = json!({"properties": {"on_limit": {"enum": ["delay"]}}, "required": ["on_limit"]});
+    schema["allOf"] = json!([
+        {"if": {"properties": {"max_wait": {"not": {"type": "null"}}}, "required": ["max_wait"]},
+         "then": {"properties": {"on_limit": {"enum": ["delay"]}}, "required": ["on_limit"]}},
+        {"if": {"properties": {"on_limit": {"enum": ["delay"]}}, "required": ["on_limit"]},
+         "then": {"properties": {"max_wait": {"not": {"type": "null"}}}, "required": ["max_wait"]}},
+    ]);
     schema
 }
 
@@ -415,6 +451,30 @@ mod tests {
                 assert!(given.contains(field), "{field} of {example}");
             }
             serde_json::from_value::<tollgate_core::Rule>(example.clone()).expect("a valid rule");
+        }
+    }
+
+    #[test]
+    fn checks_take_no_concurrency_rule_and_delay_goes_with_max_wait() {
+        let doc = document();
+        let schemas = &doc["components"]["schemas"];
+        let algorithms = |name: &str| -> Vec<String> {
+            schemas[name]["oneOf"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["properties"]["algorithm"]["enum"][0].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert!(!algorithms("CheckRule").contains(&"concurrency".to_owned()));
+        assert!(algorithms("Rule").contains(&"concurrency".to_owned()));
+        let inline = &schemas["CheckRequest"]["oneOf"][1]["properties"]["limits"]["items"]["$ref"];
+        assert_eq!(inline, "#/components/schemas/CheckRule");
+        for name in ["PolicyInput", "NewPolicy"] {
+            let both_ways = schemas[name]["allOf"].as_array().unwrap();
+            assert_eq!(both_ways.len(), 2, "{name}");
+            assert_eq!(both_ways[0]["then"]["properties"]["on_limit"]["enum"], json!(["delay"]));
+            assert_eq!(both_ways[1]["then"]["required"], json!(["max_wait"]));
         }
     }
 
