@@ -316,6 +316,11 @@ pub fn complete(mut doc: Value) -> Value {
     }
     doc["components"]["securitySchemes"]["bearer"] =
         json!({"type": "http", "scheme": "bearer", "description": "A token secret, `tg_...`"});
+    // A consumer without any limit is answered with no limit and nothing remaining (null).
+    for field in ["limit", "remaining"] {
+        doc["components"]["schemas"]["DecisionBody"]["properties"][field]["type"] =
+            json!(["integer", "null"]);
+    }
     // Explained, a check answers each rule's state instead of a decision.
     doc["paths"]["/v1/check"]["post"]["responses"]["200"]["content"]["application/json"]["schema"] = json!({"oneOf": [{"$ref": "#/components/schemas/DecisionBody"}, {"$ref": "#/components/schemas/ExplainBody"}]});
     for (path, method, schema) in BODIES {
