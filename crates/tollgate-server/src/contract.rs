@@ -308,6 +308,44 @@ fn answer(op: &mut Value, status: &str, description: &str) {
     }
 }
 
+/// Links from what a creation answers to the routes that read, change and delete it, so that
+/// clients (and schemathesis's stateful phase) can follow create → get → update → delete.
+fn links(doc: &mut Value) {
+    let name = json!({"name": "$response.body#/name"});
+    let policy = json!({"name": "$response.body#/name", "header.If-Match": "$response.header.ETag"});
+    let limit = json!({"consumer": "$request.path.consumer", "id": "$response.body#/id",
+                       "header.If-Match": "$response.header.ETag"});
+    let set = [
+        (
+            "/v1/admin/policies",
+            "post",
+            vec![
+                ("GetPolicy", "get_policy", name.clone()),
+                ("UpdatePolicy", "update_policy", policy.clone()),
+                ("DeletePolicy", "delete_policy", policy),
+            ],
+        ),
+        ("/v1/admin/tokens", "post", vec![("DeleteToken", "delete_token", name)]),
+        (
+            "/v1/admin/consumers/{consumer}/limits",
+            "post",
+            vec![
+                ("UpdateConsumerLimit", "update_consumer_limit", limit.clone()),
+                ("DeleteConsumerLimit", "delete_consumer_limit", limit),
+            ],
+        ),
+    ];
+    for (path, method, targets) in set {
+        let links: Map<String, Value> = targets
+            .into_iter()
+            .map(|(link, op, parameters)| {
+                (link.to_owned(), json!({"operationId": op, "parameters": parameters}))
+            })
+            .collect();
+        doc["paths"][path][method]["responses"]["201"]["links"] = Value::Object(links);
+    }
+}
+
 /// The derived document with the contract's precision added.
 pub fn complete(mut doc: Value) -> Value {
     let schemas = &mut doc["components"]["schemas"];
@@ -327,6 +365,7 @@ pub fn complete(mut doc: Value) -> Value {
         doc["paths"][path][method]["requestBody"] = json!({"required": true, "content": {
             "application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}});
     }
+    links(&mut doc);
     let Some(paths) = doc["paths"].as_object_mut() else { return doc };
     for (path, item) in paths.iter_mut() {
         let Some(item) = item.as_object_mut() else { continue };
@@ -516,6 +555,27 @@ mod tests {
         }
         let call_limits = &doc["paths"]["/v1/consumers/{consumer}/call-limits"]["get"]["parameters"][0];
         assert_eq!(call_limits["schema"]["maxLength"], MAX_CONSUMER_BYTES);
+    }
+
+    #[test]
+    fn creations_link_to_the_operations_on_what_they_created() {
+        let doc = document();
+        let mut operations = Vec::new();
+        for item in doc["paths"].as_object().unwrap().values() {
+            for op in item.as_object().unwrap().values() {
+                operations.extend(op["operationId"].as_str().map(str::to_owned));
+            }
+        }
+        let mut linked = 0;
+        for path in ["/v1/admin/policies", "/v1/admin/tokens", "/v1/admin/consumers/{consumer}/limits"] {
+            for link in doc["paths"][path]["post"]["responses"]["201"]["links"].as_object().unwrap().values()
+            {
+                let target = link["operationId"].as_str().unwrap();
+                assert!(operations.iter().any(|o| o == target), "{target} is no operation");
+                linked += 1;
+            }
+        }
+        assert_eq!(linked, 6);
     }
 
     #[test]
