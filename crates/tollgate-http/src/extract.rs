@@ -162,6 +162,10 @@ impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
 }
 
 /// Deserializes `bytes`, naming the field of the first error.
+///
+/// A number with an integral value is an integer wherever one is expected, however it is
+/// spelled (`2.0`, `2e3`): JSON does not tell them apart, nor does the JSON Schema of the
+/// OpenAPI document, so clients generated from it may send either.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     // serde's derived structs also read arrays, by position; a request is an object.
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
@@ -169,20 +173,54 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
         return Err(Problem::invalid("body", "the body must be a JSON object"));
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let inner = e.inner();
-        if inner.is_syntax() || inner.is_eof() {
-            return Problem::malformed(inner.to_string());
+    match serde_path_to_error::deserialize(&mut de) {
+        Ok(value) => {
+            de.end().map_err(|e| Problem::malformed(e.to_string()))?;
+            Ok(value)
         }
-        let path = e.path().to_string();
-        let message = inner.to_string();
-        let field = named_field(&message).map_or(path.clone(), |name| join(&path, name));
-        // serde's messages end with " at line 1 column 42", which means nothing to an API client.
-        let detail = message.split(" at line ").next().unwrap_or(&message).to_owned();
-        Problem::invalid(if field == "." { "body".into() } else { field }, detail)
-    })?;
-    de.end().map_err(|e| Problem::malformed(e.to_string()))?;
-    Ok(value)
+        // The rare retry, through a value whose integral floats became integers; the common
+        // case pays nothing for it.
+        Err(e) if e.inner().to_string().starts_with("invalid type: floating point") => {
+            let mut value = serde_json::from_slice::<UniqueValue>(bytes).map_err(|_| field_problem(e))?.0;
+            integral_floats_to_integers(&mut value);
+            serde_path_to_error::deserialize(value).map_err(field_problem)
+        }
+        Err(e) => Err(field_problem(e)),
+    }
+}
+
+/// The problem of a deserialization error, naming its field.
+fn field_problem(e: serde_path_to_error::Error<serde_json::Error>) -> Problem {
+    let inner = e.inner();
+    if inner.is_syntax() || inner.is_eof() {
+        return Problem::malformed(inner.to_string());
+    }
+    let path = e.path().to_string();
+    let message = inner.to_string();
+    let field = named_field(&message).map_or(path.clone(), |name| join(&path, name));
+    // serde's messages end with " at line 1 column 42", which means nothing to an API client.
+    let detail = message.split(" at line ").next().unwrap_or(&message).to_owned();
+    Problem::invalid(if field == "." { "body".into() } else { field }, detail)
+}
+
+/// Replaces, at any depth, each float with an integral value that an `f64` holds exactly
+/// (within ±2^53) by that integer.
+fn integral_floats_to_integers(value: &mut serde_json::Value) {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    match value {
+        serde_json::Value::Number(n) if n.is_f64() => {
+            if let Some(f) = n.as_f64()
+                && f.fract() == 0.0
+                && f.abs() <= EXACT
+            {
+                // In range and integral: the cast is exact.
+                *value = if f >= 0.0 { (f as u64).into() } else { (f as i64).into() };
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(integral_floats_to_integers),
+        serde_json::Value::Object(members) => members.values_mut().for_each(integral_floats_to_integers),
+        _ => {}
+    }
 }
 
 /// The field a serde message is about when it names one (unknown or missing fields are reported
@@ -236,6 +274,26 @@ mod tests {
                 .as_deref(),
             Some("limits[0].x")
         );
+    }
+
+    #[test]
+    fn integral_floats_are_integers_and_others_are_refused_by_field() {
+        let req: Req =
+            parse(br#"{"key": "k", "limits": [{"algorithm": "fixed_window", "limit": 5.0, "period": 1e3}]}"#)
+                .unwrap();
+        let rule = &req.limits.unwrap()[0];
+        assert_eq!(rule, &tollgate_core::Rule::fixed_window(5, tollgate_core::Period::SECOND));
+        let body = |limit: &str| {
+            format!(
+                r#"{{"key": "k", "limits": [{{"algorithm": "fixed_window", "limit": {limit}, "period": "1s"}}]}}"#
+            )
+        };
+        for limit in ["5.5", "-1.0", "1e300"] {
+            assert_eq!(field(&body(limit)).as_deref(), Some("limits[0].limit"), "{limit}");
+        }
+        // The retry still refuses a member given twice.
+        let twice = r#"{"limits": [{"algorithm": "fixed_window", "limit": 5.0, "period": "1s"}], "key": "k", "key": "j"}"#;
+        assert!(parse::<Req>(twice.as_bytes()).is_err());
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod api;
 mod auth;
 mod console;
 mod consumers;
+mod contract;
 mod decision;
 mod explain;
 mod live;
@@ -39,9 +40,7 @@ use tollgate_http::Problem;
 use tollgate_http::extract::MAX_BODY_BYTES;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
-use utoipa::OpenApi as _;
 
-use openapi::ApiDoc;
 pub use state::{AppState, prometheus};
 
 async fn not_found(uri: Uri) -> Problem {
@@ -53,7 +52,7 @@ async fn method_not_allowed() -> Problem {
 }
 
 async fn openapi() -> impl IntoResponse {
-    axum::Json(ApiDoc::openapi())
+    axum::Json(openapi::document())
 }
 
 /// The HTTP API's routes over `state`.

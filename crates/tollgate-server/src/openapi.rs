@@ -63,6 +63,11 @@ fn envoy_json() {}
 )]
 pub struct ApiDoc;
 
+/// The served document: the derived one, with what derivation cannot say ([`crate::contract`]).
+pub fn document() -> serde_json::Value {
+    crate::contract::complete(serde_json::to_value(ApiDoc::openapi()).unwrap_or_default())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
