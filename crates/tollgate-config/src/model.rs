@@ -508,6 +508,9 @@ mod tests {
         assert!(
             error(&format!("[policies.a]\n{fixed}reserve = \"always\"\n")).to_string().contains("reserve")
         );
+        // A key beside max is a mistake (schemathesis found it accepted).
+        let e = error(&format!("[policies.a]\n{fixed}reserve = {{ max = 5, mx = 6 }}\n"));
+        assert_eq!(e.line(), Some(3), "{e}");
     }
 
     #[test]

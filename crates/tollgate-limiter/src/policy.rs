@@ -53,10 +53,14 @@ pub enum Reserve {
 #[serde(untagged)]
 enum ReserveRepr {
     Word(String),
-    Max {
-        #[serde(rename = "max")]
-        max: u64,
-    },
+    Max(ReserveMax),
+}
+
+/// `{ max = N }`, nothing else: a misspelt key beside `max` is a mistake, not a comment.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReserveMax {
+    max: u64,
 }
 
 impl TryFrom<ReserveRepr> for Reserve {
@@ -69,7 +73,7 @@ impl TryFrom<ReserveRepr> for Reserve {
             ReserveRepr::Word(word) => {
                 Err(format!("reserve = {word:?}: expected \"off\", \"auto\" or {{ max = N }}"))
             }
-            ReserveRepr::Max { max } => Ok(Reserve::Max(max)),
+            ReserveRepr::Max(ReserveMax { max }) => Ok(Reserve::Max(max)),
         }
     }
 }
@@ -79,7 +83,7 @@ impl From<Reserve> for ReserveRepr {
         match reserve {
             Reserve::Off => ReserveRepr::Word("off".into()),
             Reserve::Auto => ReserveRepr::Word("auto".into()),
-            Reserve::Max(max) => ReserveRepr::Max { max },
+            Reserve::Max(max) => ReserveRepr::Max(ReserveMax { max }),
         }
     }
 }

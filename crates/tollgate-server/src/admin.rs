@@ -167,7 +167,7 @@ pub async fn get_policy(
 }
 
 /// `POST /v1/admin/policies` with `{"name": ..., rules, ...}`.
-#[utoipa::path(post, path = "/v1/admin/policies", tag = "management", request_body(content = Object, description = "`name`, `rules`, `description`, `mode`, `on_limit`, `max_wait`, `apps`, `enabled`"), responses((status = 201, description = "Created, with ETag and Location"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 409, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
+#[utoipa::path(post, path = "/v1/admin/policies", tag = "management", request_body(content = Object, description = "`name`, `rules`, `description`, `mode`, `on_limit`, `max_wait`, `reserve`, `apps`, `enabled`"), responses((status = 201, description = "Created, with ETag and Location"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 409, body = Problem, content_type = "application/problem+json"), (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"), (status = 403, description = "Outside the token's role or apps", body = Problem, content_type = "application/problem+json")))]
 pub async fn create_policy(
     State(state): State<AppState>,
     AsEditor(caller): AsEditor,

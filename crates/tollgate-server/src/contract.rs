@@ -261,6 +261,14 @@ fn policy_input(with_name: bool) -> Value {
         ], "description": "up to 60s; with on_limit = delay only, which needs it"}),
         ),
         (
+            "reserve",
+            json!({"oneOf": [
+            {"type": "string", "enum": ["off", "auto"]},
+            {"type": "object", "properties": {"max": {"type": "integer", "minimum": 1, "maximum": u64::MAX}},
+             "required": ["max"], "additionalProperties": false},
+        ], "default": "off", "description": "quota reservations; fixed window, token bucket and GCRA rules only"}),
+        ),
+        (
             "apps",
             json!({"type": "array", "items": app(), "maxItems": 64, "description": "empty: a global policy"}),
         ),
