@@ -204,12 +204,15 @@ fn field_problem(e: serde_path_to_error::Error<serde_json::Error>) -> Problem {
 }
 
 /// Replaces, at any depth, each float with an integral value that an `f64` holds exactly
-/// (within ±2^53) by that integer.
+/// (within ±2^53) by that integer. A float zero stays a float (and is refused where an integer
+/// is expected): `-0` and an underflow such as `1E-400` parse to it, and neither is a zero the
+/// client meant to send.
 fn integral_floats_to_integers(value: &mut serde_json::Value) {
     const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
     match value {
         serde_json::Value::Number(n) if n.is_f64() => {
             if let Some(f) = n.as_f64()
+                && f != 0.0
                 && f.fract() == 0.0
                 && f.abs() <= EXACT
             {
@@ -288,7 +291,7 @@ mod tests {
                 r#"{{"key": "k", "limits": [{{"algorithm": "fixed_window", "limit": {limit}, "period": "1s"}}]}}"#
             )
         };
-        for limit in ["5.5", "-1.0", "1e300"] {
+        for limit in ["5.5", "-1.0", "1e300", "-0", "0.0", "1E-400"] {
             assert_eq!(field(&body(limit)).as_deref(), Some("limits[0].limit"), "{limit}");
         }
         // The retry still refuses a member given twice.
