@@ -52,7 +52,29 @@ async fn method_not_allowed() -> Problem {
 }
 
 async fn openapi() -> impl IntoResponse {
-    axum::Json(openapi::document())
+    axum::Json(Opening::of(openapi::document()))
+}
+
+/// The document with `openapi` and `info` first, where readers look (a JSON map would sort
+/// `components` first).
+#[derive(serde::Serialize)]
+struct Opening {
+    openapi: serde_json::Value,
+    info: serde_json::Value,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Opening {
+    fn of(document: serde_json::Value) -> Self {
+        let mut rest = match document {
+            serde_json::Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        };
+        let openapi = rest.remove("openapi").unwrap_or_default();
+        let info = rest.remove("info").unwrap_or_default();
+        Opening { openapi, info, rest }
+    }
 }
 
 /// The HTTP API's routes over `state`.
