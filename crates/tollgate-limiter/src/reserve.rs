@@ -152,6 +152,24 @@ struct Entry {
     reserving: Option<Timestamp>,
 }
 
+impl Entry {
+    /// A key's entry before its first block: empty, expired at `now`.
+    fn empty(rules: &RuleSet, size: u64, now: Timestamp, reserving: Option<Timestamp>) -> Self {
+        Entry {
+            rules: rules.clone(),
+            size,
+            units: 0,
+            expires: now,
+            window_end: None,
+            reply: None,
+            last_used: now,
+            instances: 1,
+            heartbeat: None,
+            reserving,
+        }
+    }
+}
+
 /// Units taken out of a block that ended, to give back (or count as expired).
 #[derive(Debug)]
 pub(crate) struct Leftover {
@@ -366,18 +384,7 @@ impl Reservations {
         if self.len() >= MAX_KEYS {
             return Step::Plain;
         }
-        let entry = Entry {
-            rules: policy.rules.clone(),
-            size,
-            units: 0,
-            expires: now,
-            window_end: None,
-            reply: None,
-            last_used: now,
-            instances: 1,
-            heartbeat: None,
-            reserving: Some(now),
-        };
+        let entry = Entry::empty(&policy.rules, size, now, Some(now));
         let mut shard = lock(self.shard(hash));
         shard.entry(Arc::clone(&policy.name)).or_default().entry(key.into()).or_insert(entry);
         Step::Reserve { size, heartbeat: true }
@@ -414,19 +421,11 @@ impl Reservations {
         self.counters.reserved_units.fetch_add(size, Ordering::Relaxed);
         let hash = self.hash(&policy.name, key);
         let mut shard = lock(self.shard(hash));
-        let entry =
-            shard.entry(Arc::clone(&policy.name)).or_default().entry(key.into()).or_insert_with(|| Entry {
-                rules: policy.rules.clone(),
-                size,
-                units: 0,
-                expires: now,
-                window_end: None,
-                reply: None,
-                last_used: now,
-                instances: 1,
-                heartbeat: None,
-                reserving: None,
-            });
+        let entry = shard
+            .entry(Arc::clone(&policy.name))
+            .or_default()
+            .entry(key.into())
+            .or_insert_with(|| Entry::empty(&policy.rules, size, now, None));
         if now < entry.expires && entry.units > 0 {
             // Units of a block still valid (another check reserved meanwhile) join this one; a
             // window-bound block keeps the earlier end.
