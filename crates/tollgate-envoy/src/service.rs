@@ -21,7 +21,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_core::{Decision, Error as CoreError, Rule, RuleSet};
 use tollgate_limiter::keyspace::envoy_key;
-use tollgate_limiter::{Check, LimitError, Limiter, Mode, Policy, Verdict};
+use tollgate_limiter::{Check, LimitError, Limiter, Mode, Policy, Reserve, Verdict};
 use tonic::{Request, Response, Status};
 
 use crate::config::{Domain, Limit, LimitKind, Unit, find};
@@ -71,6 +71,7 @@ pub struct EnvoyService {
     domains: Arc<ArcSwap<BTreeMap<String, Domain>>>,
     response_headers: bool,
     charging: Charging,
+    reserve: Reserve,
 }
 
 impl std::fmt::Debug for EnvoyService {
@@ -92,7 +93,15 @@ impl EnvoyService {
             domains: Arc::new(ArcSwap::from_pointee(map)),
             response_headers: false,
             charging: Charging::Each,
+            reserve: Reserve::Off,
         }
+    }
+
+    /// With quota reservations (see [`tollgate_limiter::reserve`]) for descriptors whose
+    /// rules can take them (fixed windows, token buckets, GCRA); others check every request.
+    pub fn with_reserve(mut self, reserve: Reserve) -> Self {
+        self.reserve = reserve;
+        self
     }
 
     /// With `RateLimit-Limit`, `-Remaining` and `-Reset` in `response_headers_to_add`, for the
@@ -342,7 +351,7 @@ fn labels(domain: &str, p: &Planned<'_>) -> [(&'static str, String); 2] {
 impl<'p, 'a> Item<'p, 'a> {
     /// The check of `p`, whose limits hold at least one rule and no block; `mode` places it in
     /// the limiter's batch (shadow: decided alone).
-    fn new(domain: &str, p: &'p Planned<'a>, mode: Mode) -> Result<Self, Status> {
+    fn new(domain: &str, p: &'p Planned<'a>, mode: Mode, reserve: Reserve) -> Result<Self, Status> {
         let limited: Vec<&Limit> =
             p.limits.iter().map(AsRef::as_ref).filter(|l| matches!(l.kind, LimitKind::Rule(_))).collect();
         let rules = limited.iter().filter_map(|l| match &l.kind {
@@ -365,7 +374,11 @@ impl<'p, 'a> Item<'p, 'a> {
         Ok(Item {
             planned: p,
             key,
-            policy: Policy::enforce(domain, set).with_mode(mode),
+            policy: {
+                let policy = Policy::enforce(domain, set).with_mode(mode);
+                // Rules that cannot take reservations (sliding windows) check every request.
+                if reserve.is_on() { policy.clone().with_reserve(reserve).unwrap_or(policy) } else { policy }
+            },
             limited,
             impossible: false,
         })
@@ -406,7 +419,8 @@ impl EnvoyService {
             } else {
                 // check_all decides enforced checks together and shadow-mode ones alone.
                 let alone = !self.joins(p) && (p.shadow || self.charging != Charging::Each);
-                sorted.items.push(Item::new(domain, p, if alone { Mode::Shadow } else { Mode::Enforce })?);
+                let mode = if alone { Mode::Shadow } else { Mode::Enforce };
+                sorted.items.push(Item::new(domain, p, mode, self.reserve)?);
                 Outcome::Checked(sorted.items.len() - 1)
             };
             sorted.outcomes.push(outcome);

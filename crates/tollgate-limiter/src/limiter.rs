@@ -8,12 +8,13 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tollgate_core::{
     Backend, Clock, Decision, Error, Lease, LeaseId, MemoryBackend, Operation, Part, RuleSet, SystemClock,
+    Timestamp,
 };
 
 use crate::breaker::{Breaker, BreakerState};
 use crate::decision_log::{self, DecisionLog, DecisionLogSettings};
 use crate::metrics as m;
-use crate::reserve::{self, Leftover, Reservations, ReserveStats, Step};
+use crate::reserve::{self, Held, Leftover, Reservations, ReserveStats, Step};
 use crate::{Mode, OnLimit, Policy};
 
 /// What to answer when the primary backend fails (or its breaker is open).
@@ -169,6 +170,16 @@ impl std::fmt::Debug for Limiter {
     }
 }
 
+/// What reservations make of one check.
+enum Reserved {
+    /// Answered from a block (the block, to put the units back if the answer is undone).
+    Served(Decision, Held),
+    /// Reserve this many units (more than the cost) with the check.
+    Reserve(u64),
+    /// The plain path: the check's own cost.
+    Plain,
+}
+
 fn error_kind(e: &Error) -> &'static str {
     match e {
         Error::Timeout(_) => "timeout",
@@ -297,9 +308,9 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn check_all(&self, checks: &[Check<'_>]) -> Result<JointVerdict, LimitError> {
-        let (decisions, degraded) = self.decide_batch(&Check::parts(checks)).await?;
+        let decisions = self.decide_checks(checks, &Check::parts(checks), true).await?;
         let verdicts: Vec<Verdict> =
-            checks.iter().zip(decisions).map(|(c, d)| self.verdict(c.policy, (d, degraded))).collect();
+            checks.iter().zip(decisions).map(|(c, d)| self.verdict(c.policy, d)).collect();
         let admitted = verdicts.iter().all(|v| v.allowed());
         for (check, verdict) in checks.iter().zip(&verdicts) {
             let taken = admitted || check.policy.mode == Mode::Shadow;
@@ -340,9 +351,9 @@ impl Limiter {
             .zip(0..)
             .map(|(c, group)| Part::new(c.key, &c.policy.rules, c.cost).in_group(group))
             .collect();
-        let (decisions, degraded) = self.decide_batch(&parts).await?;
+        let decisions = self.decide_checks(checks, &parts, false).await?;
         let verdicts: Vec<Verdict> =
-            checks.iter().zip(decisions).map(|(c, d)| self.verdict(c.policy, (d, degraded))).collect();
+            checks.iter().zip(decisions).map(|(c, d)| self.verdict(c.policy, d)).collect();
         for (check, verdict) in checks.iter().zip(&verdicts) {
             self.record(check.key, check.policy, check.cost, verdict, true);
         }
@@ -420,6 +431,36 @@ impl Limiter {
             return Ok(None);
         }
         Operation::Check { cost }.validate(key, &policy.rules).map_err(LimitError::Invalid)?;
+        let size = match self.reserve_step(key, policy, cost).await {
+            Reserved::Plain => return Ok(None),
+            Reserved::Served(decision, _) => return Ok(Some((decision, false))),
+            Reserved::Reserve(size) => size,
+        };
+        let sent = self.inner.reservations.now();
+        let rules = &policy.rules;
+        let answered = self
+            .answer(
+                self.inner.primary.execute(key, rules, Operation::Check { cost: size }),
+                || Decision::admitted_unchecked(rules),
+                |fallback| fallback.execute_now(key, rules, Operation::Check { cost }),
+            )
+            .await;
+        let table = &self.inner.reservations;
+        let Ok((reply, degraded)) = answered else {
+            table.abandoned(key, policy);
+            return answered.map(Some);
+        };
+        if degraded {
+            table.abandoned(key, policy);
+            // The failure policy answered for this check's own cost.
+            return Ok(Some((reply, true)));
+        }
+        Ok(self.reservation_answered(key, policy, cost, size, sent, &reply).map(|d| (d, false)))
+    }
+
+    /// What the reservation table makes of a check of `cost` (above 0, reservations on): the
+    /// units of ended blocks given back, the heartbeat sent when due.
+    async fn reserve_step(&self, key: &str, policy: &Policy, cost: u64) -> Reserved {
         let table = &self.inner.reservations;
         // Units that cannot go back are counted now; refunds go on in the background, so that
         // this check does not wait for a sweep's round trips.
@@ -433,16 +474,16 @@ impl Limiter {
         if let Some(leftover) = leftover {
             self.give_back(vec![leftover]).await;
         }
-        let mut size = match step {
-            Step::Plain => return Ok(None),
-            Step::Served(decision) => {
+        let size = match step {
+            Step::Plain => return Reserved::Plain,
+            Step::Served(decision, held) => {
                 metrics::counter!(m::RESERVED_DECISIONS, "policy" => Arc::clone(&policy.name)).increment(1);
-                return Ok(Some((decision, false)));
+                return Reserved::Served(decision, held);
             }
             Step::Reserve { size, heartbeat } if heartbeat => {
                 if self.inner.breaker.state() != BreakerState::Closed {
                     table.abandoned(key, policy);
-                    return Ok(None);
+                    return Reserved::Plain;
                 }
                 let primary = &self.inner.primary;
                 match primary.heartbeat(key, &table.instance, reserve::HEARTBEAT_WINDOW).await {
@@ -450,44 +491,184 @@ impl Limiter {
                     Err(_) => {
                         // The plain path meets the failure, and the failure policy answers it.
                         table.abandoned(key, policy);
-                        return Ok(None);
+                        return Reserved::Plain;
                     }
                 }
             }
             Step::Reserve { size, .. } => size,
         };
-        size = size.max(1);
-        if size <= cost {
+        if size.max(1) <= cost {
             table.abandoned(key, policy);
-            return Ok(None);
+            return Reserved::Plain;
         }
-        let sent = table.now();
-        let rules = &policy.rules;
-        let answered = self
-            .answer(
-                self.inner.primary.execute(key, rules, Operation::Check { cost: size }),
-                || Decision::admitted_unchecked(rules),
-                |fallback| fallback.execute_now(key, rules, Operation::Check { cost }),
-            )
-            .await;
-        let Ok((reply, degraded)) = answered else {
-            table.abandoned(key, policy);
-            return answered.map(Some);
-        };
+        Reserved::Reserve(size)
+    }
+
+    /// Records the backend's `reply` to a reservation of `size` units sent at `sent` for a
+    /// check of `cost`: the check's decision from the new block, or None when the reservation
+    /// was refused (the check then takes the plain path).
+    fn reservation_answered(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        size: u64,
+        sent: Timestamp,
+        reply: &Decision,
+    ) -> Option<Decision> {
+        let table = &self.inner.reservations;
         let name = Arc::clone(&policy.name);
-        if degraded {
-            table.abandoned(key, policy);
-            // The failure policy answered for this check's own cost.
-            return Ok(Some((reply, true)));
-        }
         if !reply.allowed() {
             metrics::counter!(m::RESERVE_BLOCKS, "policy" => name, "result" => "refused").increment(1);
-            table.refused(key, policy, &reply);
-            return Ok(None);
+            table.refused(key, policy, reply);
+            return None;
         }
         metrics::counter!(m::RESERVE_BLOCKS, "policy" => name.clone(), "result" => "taken").increment(1);
         metrics::counter!(m::RESERVED_DECISIONS, "policy" => name).increment(1);
-        Ok(Some((table.taken(key, policy, cost, size, sent, &reply), false)))
+        Some(table.taken(key, policy, cost, size, sent, reply))
+    }
+
+    /// The decisions of a batch of `checks` (`parts`: their parts as the batch groups them;
+    /// with `joint`, group 0 is all or nothing), with reservations where the checks' policies
+    /// have them on. A check a block holds is answered from it; one whose key is due a block
+    /// reserves it within the batch (its part asks the block's size), and a check whose
+    /// reservation is refused, or whose group was refused while one of its parts reserved, is
+    /// asked again at its own cost in a second call. Units answered from blocks for a refused
+    /// joint group are put back. The flag of each decision is true when degraded.
+    async fn decide_checks(
+        &self,
+        checks: &[Check<'_>],
+        parts: &[Part<'_>],
+        joint: bool,
+    ) -> Result<Vec<(Decision, bool)>, LimitError> {
+        tollgate_core::BatchPlan::new(parts).map_err(LimitError::Invalid)?;
+        if !checks.iter().any(|c| c.policy.reserve.is_on() && c.cost > 0) {
+            let (decisions, degraded) = self.decide_batch(parts).await?;
+            return Ok(decisions.into_iter().map(|d| (d, degraded)).collect());
+        }
+        let in_joint = |i: usize| joint && parts[i].group == 0;
+        let mut answers: Vec<Option<(Decision, bool)>> = vec![None; checks.len()];
+        let mut held = Vec::new();
+        let mut sizes: Vec<u64> = parts.iter().map(|p| p.cost).collect();
+        for (i, c) in checks.iter().enumerate() {
+            if !c.policy.reserve.is_on() || c.cost == 0 {
+                continue;
+            }
+            match self.reserve_step(c.key, c.policy, c.cost).await {
+                Reserved::Served(decision, block) => {
+                    answers[i] = Some((decision, false));
+                    held.push((i, block));
+                }
+                Reserved::Reserve(size) => sizes[i] = size,
+                Reserved::Plain => {}
+            }
+        }
+        let decided = self.decide_pending(checks, parts, &sizes, &mut answers, in_joint).await;
+        let admitted = decided.is_ok()
+            && (0..checks.len())
+                .filter(|&i| in_joint(i))
+                .all(|i| answers[i].as_ref().is_some_and(|a| a.0.allowed()));
+        // Units answered from blocks go back when their answer is undone: the batch failed, or
+        // the joint group was refused.
+        let table = &self.inner.reservations;
+        let undone: Vec<Leftover> = held
+            .into_iter()
+            .filter(|&(i, _)| decided.is_err() || (in_joint(i) && !admitted))
+            .filter_map(|(i, block)| table.put_back(checks[i].key, checks[i].policy, checks[i].cost, block))
+            .collect();
+        self.give_back(undone).await;
+        decided?;
+        Ok(answers.into_iter().map(|a| a.unwrap_or_else(|| unreachable!("every check answered"))).collect())
+    }
+
+    /// Decides the checks `answers` has no answer for (see [`decide_checks`](Self::decide_checks)),
+    /// parts reserving where `sizes` exceeds their cost.
+    async fn decide_pending(
+        &self,
+        checks: &[Check<'_>],
+        parts: &[Part<'_>],
+        sizes: &[u64],
+        answers: &mut [Option<(Decision, bool)>],
+        in_joint: impl Fn(usize) -> bool,
+    ) -> Result<(), LimitError> {
+        let table = &self.inner.reservations;
+        let pending: Vec<usize> = (0..checks.len()).filter(|&i| answers[i].is_none()).collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let plain: Vec<Part<'_>> = pending.iter().map(|&i| parts[i]).collect();
+        let sized: Vec<Part<'_>> = pending.iter().map(|&i| Part { cost: sizes[i], ..parts[i] }).collect();
+        let reserving: Vec<usize> = pending.iter().copied().filter(|&i| sizes[i] > parts[i].cost).collect();
+        let abandon =
+            |which: &[usize]| which.iter().for_each(|&i| table.abandoned(checks[i].key, checks[i].policy));
+        // Blocks too large for the batch's plan (the same key twice in a group): no blocks.
+        if !reserving.is_empty() && tollgate_core::BatchPlan::new(&sized).is_err() {
+            abandon(&reserving);
+            return self.decide_into(&pending, &plain, answers).await;
+        }
+        let sent = table.now();
+        let answered = self
+            .answer(
+                self.inner.primary.check_batch(&sized),
+                || plain.iter().map(|p| Decision::admitted_unchecked(p.rules)).collect(),
+                |fallback| fallback.check_batch_now(&plain),
+            )
+            .await;
+        let (decisions, degraded) = match answered {
+            Ok(answer) => answer,
+            Err(e) => {
+                abandon(&reserving);
+                return Err(e);
+            }
+        };
+        if degraded {
+            // The failure policy answered the checks' own costs.
+            abandon(&reserving);
+            pending.iter().zip(decisions).for_each(|(&i, d)| answers[i] = Some((d, true)));
+            return Ok(());
+        }
+        let joint_refused = pending.iter().zip(&decisions).any(|(&i, d)| in_joint(i) && !d.allowed());
+        let joint_reserved = reserving.iter().any(|&i| in_joint(i));
+        let mut again = Vec::new();
+        for (&i, reply) in pending.iter().zip(&decisions) {
+            let c = &checks[i];
+            if in_joint(i) && joint_refused && joint_reserved {
+                // Nothing of the group was taken: asked again at their own costs.
+                if sizes[i] > c.cost {
+                    if reply.allowed() {
+                        table.abandoned(c.key, c.policy)
+                    } else {
+                        table.refused(c.key, c.policy, reply)
+                    }
+                }
+                again.push(i);
+            } else if sizes[i] > c.cost {
+                // A part deciding alone, or its group admitted: the block was taken, unless refused.
+                match self.reservation_answered(c.key, c.policy, c.cost, sizes[i], sent, reply) {
+                    Some(decision) => answers[i] = Some((decision, false)),
+                    None => again.push(i),
+                }
+            } else {
+                answers[i] = Some((reply.clone(), false));
+            }
+        }
+        let retry: Vec<Part<'_>> = again.iter().map(|&i| parts[i]).collect();
+        self.decide_into(&again, &retry, answers).await
+    }
+
+    /// Decides `parts` (the checks `which`) in one batch, as without reservations, into `answers`.
+    async fn decide_into(
+        &self,
+        which: &[usize],
+        parts: &[Part<'_>],
+        answers: &mut [Option<(Decision, bool)>],
+    ) -> Result<(), LimitError> {
+        if which.is_empty() {
+            return Ok(());
+        }
+        let (decisions, degraded) = self.decide_batch(parts).await?;
+        which.iter().zip(decisions).for_each(|(&i, d)| answers[i] = Some((d, degraded)));
+        Ok(())
     }
 
     /// Gives `leftovers` back to the backend where they can go (the rest counted as expired);
@@ -601,9 +782,8 @@ impl Limiter {
         .await
     }
 
-    /// A batch, as [`decide`](Self::decide) does one operation.
+    /// A batch (already validated), as [`decide`](Self::decide) does one operation.
     async fn decide_batch(&self, parts: &[Part<'_>]) -> Result<(Vec<Decision>, bool), LimitError> {
-        tollgate_core::BatchPlan::new(parts).map_err(LimitError::Invalid)?;
         self.answer(
             self.inner.primary.check_batch(parts),
             || parts.iter().map(|p| Decision::admitted_unchecked(p.rules)).collect(),

@@ -78,6 +78,23 @@ impl TryFrom<ReserveRepr> for Reserve {
     }
 }
 
+/// The command-line form: `off`, `auto` or `max=N`.
+impl std::str::FromStr for Reserve {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Reserve::Off),
+            "auto" => Ok(Reserve::Auto),
+            _ => s
+                .strip_prefix("max=")
+                .and_then(|n| n.parse().ok())
+                .map(Reserve::Max)
+                .ok_or_else(|| format!("{s:?}: expected off, auto or max=N (N a whole number of units)")),
+        }
+    }
+}
+
 impl From<Reserve> for ReserveRepr {
     fn from(reserve: Reserve) -> Self {
         match reserve {

@@ -11,6 +11,13 @@
 //! was admitted, which is why reservations never admit more than the rules allow (for the
 //! rule kinds below).
 //!
+//! Batches ([`Limiter::check_each`](crate::Limiter::check_each), [`check_all`](crate::Limiter::check_all))
+//! take the same steps per check: a check its block holds is answered from it, and a check due a
+//! block reserves it as its part of the batch's one call (a refusal asks the check's own cost in
+//! a second call). An all-or-nothing batch refused after all puts the units its checks took from
+//! blocks back into them: into the same block, or one ending no later, else they are given back
+//! as a block's leftovers are.
+//!
 //! # Which rules
 //! - **Fixed window**: a block is valid until its window ends, the decision's `reset_after`
 //!   counted from when the reservation was *sent* (the backend decided later, so the block
@@ -181,10 +188,18 @@ pub(crate) struct Leftover {
     pub(crate) refundable: bool,
 }
 
+/// The block a decision was answered from, to put its units back if the decision is undone
+/// (an all-or-nothing batch refused by another check).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Held {
+    expires: Timestamp,
+    window_end: Option<Timestamp>,
+}
+
 /// What a check does.
 pub(crate) enum Step {
     /// Answered from the block.
-    Served(Decision),
+    Served(Decision, Held),
     /// Reserve `size` units (more than the cost), then answer from them; send a heartbeat first
     /// when `heartbeat`.
     Reserve { size: u64, heartbeat: bool },
@@ -331,7 +346,8 @@ impl Reservations {
             entry.units -= cost;
             self.counters.decisions.fetch_add(1, Ordering::Relaxed);
             let (reply, sent) = entry.reply.as_ref().unwrap_or_else(|| unreachable!("a block has a reply"));
-            return (Step::Served(report(reply, *sent, entry.units, now)), None);
+            let held = Held { expires: entry.expires, window_end: entry.window_end };
+            return (Step::Served(report(reply, *sent, entry.units, now), held), None);
         }
         if entry.reserving.is_some_and(|since| now < since.saturating_add(IN_FLIGHT)) {
             return (Step::Plain, None);
@@ -445,6 +461,31 @@ impl Reservations {
         entry.last_used = now;
         self.counters.decisions.fetch_add(1, Ordering::Relaxed);
         report(reply, sent, entry.units, now)
+    }
+
+    /// Puts `units` answered from the block `held` back into the key's block, when that block
+    /// still answers and would admit them no later than `held` would have (it is the same
+    /// block, or one ending no later); otherwise returns them to give back.
+    pub(crate) fn put_back(&self, key: &str, policy: &Policy, units: u64, held: Held) -> Option<Leftover> {
+        let now = self.now();
+        let hash = self.hash(&policy.name, key);
+        let mut shard = lock(self.shard(hash));
+        if let Some(entry) = shard.get_mut(&policy.name).and_then(|keys| keys.get_mut(key))
+            && entry.rules.signatures().eq(policy.rules.signatures())
+            && now < entry.expires
+            && entry.expires <= held.expires
+            && entry.window_end <= held.window_end
+        {
+            entry.units = entry.units.saturating_add(units);
+            return None;
+        }
+        Some(Leftover {
+            policy: Arc::clone(&policy.name),
+            key: key.into(),
+            rules: policy.rules.clone(),
+            units,
+            refundable: refundable(held.window_end, now),
+        })
     }
 
     /// Records a refused reservation (the reply `reply`): smaller blocks next.

@@ -10,10 +10,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use proptest::prelude::*;
 use tollgate_core::{
-    Backend, Decision, Error, ManualClock, MemoryBackend, Operation, Period, Rule, RuleSet, Timestamp,
+    Backend, Decision, Error, ManualClock, MemoryBackend, Operation, Part, Period, Rule, RuleSet, Timestamp,
 };
 use tollgate_limiter::reserve::{HOT_HITS, SWEEP_EVERY};
-use tollgate_limiter::{FailurePolicy, Limiter, LimiterSettings, Policy, Reserve};
+use tollgate_limiter::{Check, FailurePolicy, Limiter, LimiterSettings, Policy, Reserve};
 
 /// The shared backend: a memory backend on the manual clock, counting calls, failing on demand.
 struct Shared {
@@ -38,6 +38,16 @@ impl Backend for Shared {
             return Err(Error::Unavailable("down".into()));
         }
         self.inner.execute_now(key, rules, op)
+    }
+    async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if self.yields.load(Ordering::Relaxed) {
+            tokio::task::yield_now().await;
+        }
+        if self.down.load(Ordering::Relaxed) {
+            return Err(Error::Unavailable("down".into()));
+        }
+        self.inner.check_batch_now(parts)
     }
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
         self.inner.reset_now(key, rules)
@@ -204,6 +214,169 @@ proptest! {
         prop_assert_eq!(kind.check(&plain), Ok(()), "the bound is wrong: the plain path breaks it");
         prop_assert_eq!(kind.check(&with), Ok(()));
     }
+}
+
+/// How a check of the batch property test is sent.
+#[derive(Clone, Copy, Debug)]
+enum Form {
+    Alone,
+    /// `check_each` of the hot key and a second key.
+    Each,
+    /// `check_all` of the hot key and a second key.
+    All,
+}
+
+fn form() -> impl Strategy<Value = Form> {
+    prop_oneof![Just(Form::Alone), Just(Form::Each), Just(Form::All)]
+}
+
+/// Runs `traffic` through `instances` limiters, each check sent alone, in a `check_each` or in
+/// a `check_all` beside a check of a second key ("j", same policy); returns the admissions of
+/// each key.
+async fn run_batches(
+    world: &World,
+    policy: &Policy,
+    traffic: &[(usize, u64, u64, Form)],
+) -> (Vec<(u64, u64)>, Vec<(u64, u64)>) {
+    let start = world.now();
+    let (mut hot, mut other) = (Vec::new(), Vec::new());
+    for &(instance, cost, advance, form) in traffic {
+        world.clock.advance(Duration::from_micros(advance));
+        let limiter = &world.limiters[instance % world.limiters.len()];
+        let checks = [Check { key: "k", policy, cost }, Check { key: "j", policy, cost: 1 }];
+        let admitted = match form {
+            Form::Alone => limiter.check("k", policy, cost).await.map(|v| [v.allowed(), false]),
+            Form::Each => limiter.check_each(&checks).await.map(|v| [v[0].allowed(), v[1].allowed()]),
+            Form::All => limiter.check_all(&checks).await.map(|j| [j.admitted, j.admitted]),
+        };
+        let admitted = match admitted {
+            Ok(admitted) => admitted,
+            Err(tollgate_limiter::LimitError::Invalid(_)) => continue,
+            Err(e) => panic!("{e}"),
+        };
+        let at = world.now() - start;
+        if admitted[0] {
+            hot.push((at, cost));
+        }
+        if admitted[1] {
+            other.push((at, 1));
+        }
+        tokio::task::yield_now().await;
+    }
+    (hot, other)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
+
+    /// The same bound through batches: `check_each` and `check_all` answer from blocks and
+    /// reserve within the batch, and an all-or-nothing batch refused puts its units back;
+    /// neither key is ever over the rule's bound.
+    #[test]
+    fn never_over_the_limit_in_batches(
+        kind in kind(),
+        instances in 1usize..5,
+        reserve in reserve(),
+        traffic in prop::collection::vec(
+            (0usize..8, 1u64..4, prop_oneof![8 => 0u64..2_000, 1 => 0u64..1_500_000], form()),
+            1..500,
+        ),
+    ) {
+        let rt = runtime();
+        let (hot, other) = rt.block_on(run_batches(&World::new(instances), &policy(kind.rule(), reserve), &traffic));
+        prop_assert_eq!(kind.check(&hot), Ok(()));
+        prop_assert_eq!(kind.check(&other), Ok(()));
+    }
+}
+
+/// A hot key checked through `check_each` and `check_all` is answered from blocks: far fewer
+/// backend calls than batches, and the backend counted every unit admitted or held.
+#[tokio::test]
+async fn batches_are_answered_from_blocks() {
+    let world = World::new(1);
+    let limiter = &world.limiters[0];
+    let hot = policy(Rule::fixed_window(100_000, Period::MINUTE), Reserve::Auto);
+    for all in [false, true] {
+        for _ in 0..2_000 {
+            let checks =
+                [Check { key: "k", policy: &hot, cost: 1 }, Check { key: "g", policy: &hot, cost: 1 }];
+            let admitted = if all {
+                limiter.check_all(&checks).await.unwrap().admitted
+            } else {
+                limiter.check_each(&checks).await.unwrap().iter().all(|v| v.allowed())
+            };
+            assert!(admitted);
+        }
+    }
+    let stats = limiter.reserve_stats();
+    let calls = world.backend.calls.load(Ordering::Relaxed);
+    assert!(calls < 100, "{calls} backend calls for 4,000 batches: {stats:?}");
+    let counted: u64 = ["k", "g"]
+        .iter()
+        .map(|key| {
+            100_000
+                - world
+                    .backend
+                    .inner
+                    .execute_now(key, &hot.rules, Operation::Check { cost: 0 })
+                    .unwrap()
+                    .remaining()
+        })
+        .sum();
+    assert_eq!(counted, 8_000 + stats.held, "{stats:?}");
+}
+
+/// An all-or-nothing batch refused by another key takes nothing from the hot key's block: its
+/// units are put back (and the block keeps answering), so the hot key loses no admission.
+#[tokio::test]
+async fn a_refused_joint_batch_puts_block_units_back() {
+    let world = World::new(1);
+    let limiter = &world.limiters[0];
+    let hot = policy(Rule::fixed_window(1_000, Period::MINUTE), Reserve::Max(64));
+    let tight = Policy::enforce("tight", RuleSet::new([Rule::fixed_window(1, Period::MINUTE)]).unwrap());
+    for _ in 0..100 {
+        assert!(limiter.check("k", &hot, 1).await.unwrap().allowed());
+    }
+    assert!(limiter.check("full", &tight, 1).await.unwrap().allowed());
+    let before = limiter.reserve_stats();
+    assert!(before.held > 2, "{before:?}");
+    let calls = world.backend.calls.load(Ordering::Relaxed);
+    for _ in 0..50 {
+        let joint = limiter
+            .check_all(&[
+                Check { key: "k", policy: &hot, cost: 2 },
+                Check { key: "full", policy: &tight, cost: 1 },
+            ])
+            .await
+            .unwrap();
+        assert!(!joint.admitted);
+        assert!(joint.verdicts[0].allowed() && !joint.verdicts[1].allowed());
+    }
+    let after = limiter.reserve_stats();
+    assert_eq!(after.held, before.held, "the units went back into the block");
+    assert_eq!(world.backend.calls.load(Ordering::Relaxed), calls + 50, "one call per batch");
+    // What the backend counted is what was admitted plus what the block holds.
+    let peek = world.backend.inner.execute_now("k", &hot.rules, Operation::Check { cost: 0 }).unwrap();
+    assert_eq!(peek.remaining(), 1_000 - 100 - after.held);
+}
+
+/// With the backend down and the failure policy closed, a batch fails as a whole, and the units
+/// its checks took from blocks go back into them.
+#[tokio::test]
+async fn a_failed_batch_puts_block_units_back() {
+    let world = World::new(1);
+    let limiter = &world.limiters[0];
+    let hot = policy(Rule::fixed_window(1_000, Period::MINUTE), Reserve::Max(64));
+    for _ in 0..100 {
+        limiter.check("k", &hot, 1).await.unwrap();
+    }
+    let held = limiter.reserve_stats().held;
+    assert!(held > 1);
+    world.backend.down.store(true, Ordering::Relaxed);
+    let checks = [Check { key: "k", policy: &hot, cost: 1 }, Check { key: "cold", policy: &hot, cost: 1 }];
+    assert!(limiter.check_each(&checks).await.is_err());
+    assert!(limiter.check_all(&checks).await.is_err());
+    assert_eq!(limiter.reserve_stats().held, held);
 }
 
 /// Steady traffic below the rate from 3 instances, for each kind: blocks are taken (so the

@@ -193,6 +193,11 @@ struct ServeArgs {
         conflicts_with = "envoy_all_or_nothing"
     )]
     envoy_stop_increment_when_over_limit: bool,
+    /// Envoy: quota reservations for hot descriptors (`off`, `auto` or `max=N`; see the
+    /// README's "Hot keys"): answered in process from blocks of units reserved in advance,
+    /// never over the limit. Descriptors with sliding-window rules check every request.
+    #[arg(long, env = "TOLLGATE_ENVOY_RESERVE", default_value = "off", value_name = "off|auto|max=N")]
+    envoy_reserve: tollgate_limiter::Reserve,
     /// Envoy: merge YAML files of one domain instead of refusing the second (upstream's
     /// MERGE_DOMAIN_CONFIG).
     #[arg(long, env = "TOLLGATE_ENVOY_MERGE_DOMAINS")]

@@ -283,7 +283,8 @@ fn start_envoy(args: &ServeArgs, limiter: Limiter) -> anyhow::Result<tollgate_en
             (true, _) => tollgate_envoy::Charging::AllOrNothing,
             (_, true) => tollgate_envoy::Charging::StopWhenOverLimit,
             _ => tollgate_envoy::Charging::Each,
-        }))
+        })
+        .with_reserve(args.envoy_reserve))
 }
 
 /// Reloads the Envoy domains of `path` into `service` when they change.

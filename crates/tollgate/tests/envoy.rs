@@ -477,6 +477,55 @@ async fn every_algorithm_on_memory_and_redis() {
     }
 }
 
+/// `--envoy-reserve auto` on Redis: a hot descriptor is answered from reserved blocks (most
+/// requests without a Redis call), never past its limit, and close to it; a sliding-window
+/// descriptor beside it checks every request, and both are right.
+#[tokio::test]
+async fn reservations_answer_hot_descriptors_within_the_limit() {
+    let redis = tollgate_testkit::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("edge.yaml");
+    let hot = r#"
+domain: edge
+descriptors:
+  - key: api
+    rate_limit: {unit: hour, requests_per_unit: 400}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: sliding_window_counter}
+"#;
+    std::fs::write(&yaml, hot).unwrap();
+    let listen = format!("127.0.0.1:{}", tollgate_testkit::free_port());
+    let url = redis.url();
+    let args = ["--grpc-listen", &listen, "--envoy-config", yaml.to_str().unwrap(), "--redis", &url];
+    let config = "[backend]\non_failure = \"closed\"\ntimeout = \"5s\"\n";
+    let server = Tollgate::start(config, &[&args[..], &["--envoy-reserve", "auto"]].concat()).await;
+    let mut client = RateLimitServiceClient::connect(format!("http://{listen}")).await.unwrap();
+    inside_window(3600, 5).await;
+    let (mut api, mut user) = (0, 0);
+    for _ in 0..500 {
+        let req = request(vec![descriptor(&[("api", "all")]), descriptor(&[("user", "u1")])]);
+        let (_, each) = codes(&mut client, req).await;
+        api += u32::from(each[0] == Code::Ok);
+        user += u32::from(each[1] == Code::Ok);
+    }
+    assert_eq!(user, 100, "the sliding-window descriptor, exact");
+    // One instance holds at most a quarter of the limit idle (the blocks shrink near the end).
+    assert!((300..=400).contains(&api), "{api} of 500 admitted under a limit of 400");
+    // A hot descriptor alone: most requests answered without Redis.
+    let calls = |redis: &tollgate_testkit::RedisServer| {
+        ["evalsha", "eval", "fcall"].iter().map(|c| redis.command_stat(c, "calls")).sum::<u64>()
+    };
+    let before = calls(&redis);
+    for _ in 0..300 {
+        let (overall, _) = codes(&mut client, request(vec![descriptor(&[("api", "solo")])])).await;
+        assert_eq!(overall, Code::Ok);
+    }
+    let script_calls = calls(&redis) - before;
+    assert!(script_calls < 40, "{script_calls} Redis script calls for 300 requests of a hot descriptor");
+    let served = server.metric("tollgate_reserved_decisions_total{policy=\"edge\"}").await;
+    assert!(served > 400.0, "{served} decisions from blocks");
+}
+
 #[tokio::test]
 async fn bad_requests_are_invalid_argument() {
     let (_server, mut client, _dir, _) = start().await;
