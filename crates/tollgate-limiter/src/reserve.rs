@@ -43,7 +43,8 @@
 //! a key into the table once it has been checked [`HOT_HITS`] times within one sweep period,
 //! with a block size of 2. The size doubles each time a block runs out while still valid (the
 //! key is hot here), halves when a block expires with units left (it cooled) or a reservation is
-//! refused (and is cut to what the backend reported left), and the key goes back to the plain
+//! refused (and is cut to what the backend reported left; the key then takes the plain path
+//! until the refusal's retry-after, so that an overloaded key costs one call a check, not two), and the key goes back to the plain
 //! path when it reaches 1. One reservation per key is in flight per instance at a time
 //! ([`IN_FLIGHT`]): checks the block cannot answer meanwhile take the plain path. It is capped at `limit / (4 × instances seen)` (`limit` being the
 //! smallest rule's limit, capacity or burst), and by `max` with `{ max = N }`: across instances,
@@ -157,6 +158,9 @@ struct Entry {
     heartbeat: Option<Timestamp>,
     /// When this instance's reservation in flight for the key was started, if one is.
     reserving: Option<Timestamp>,
+    /// Until when the key takes the plain path after a refused reservation (the refusal's
+    /// retry-after): reserving again sooner would be refused again, a second call per check.
+    refused_until: Option<Timestamp>,
 }
 
 impl Entry {
@@ -173,6 +177,7 @@ impl Entry {
             instances: 1,
             heartbeat: None,
             reserving,
+            refused_until: None,
         }
     }
 }
@@ -349,7 +354,9 @@ impl Reservations {
             let held = Held { expires: entry.expires, window_end: entry.window_end };
             return (Step::Served(report(reply, *sent, entry.units, now), held), None);
         }
-        if entry.reserving.is_some_and(|since| now < since.saturating_add(IN_FLIGHT)) {
+        if entry.reserving.is_some_and(|since| now < since.saturating_add(IN_FLIGHT))
+            || entry.refused_until.is_some_and(|until| now < until)
+        {
             return (Step::Plain, None);
         }
         let mut leftover = None;
@@ -497,6 +504,7 @@ impl Reservations {
         if let Some(entry) = shard.get_mut(&policy.name).and_then(|keys| keys.get_mut(key)) {
             entry.size = (entry.size / 2).min(left).max(1);
             entry.reserving = None;
+            entry.refused_until = Some(self.now().saturating_add(reply.retry_after()));
         }
     }
 

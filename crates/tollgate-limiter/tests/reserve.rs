@@ -441,6 +441,32 @@ async fn under_admission_is_bounded_by_the_units_held_idle() {
     assert!(blocks * 20 < admissions, "{blocks} blocks for {admissions} admissions");
 }
 
+/// Once the limit is spent, a refused reservation sends the key down the plain path until the
+/// refusal's retry-after: each denial costs one backend call, not a refused reservation and
+/// then the plain check.
+#[tokio::test]
+async fn an_overloaded_key_costs_one_call_a_denial() {
+    for rule in [Rule::fixed_window(1_000, Period::MINUTE), Rule::token_bucket(1_000, 10, Period::SECOND)] {
+        let world = World::new(1);
+        let limiter = &world.limiters[0];
+        let policy = policy(rule.clone(), Reserve::Auto);
+        let mut denied = 0;
+        for _ in 0..5_000 {
+            world.clock.advance(Duration::from_millis(1));
+            denied += u64::from(!limiter.check("k", &policy, 1).await.unwrap().allowed());
+        }
+        let stats = limiter.reserve_stats();
+        let calls = world.backend.calls.load(Ordering::Relaxed);
+        assert!(denied > 3_000, "{rule:?}: {denied}");
+        // A call per check not answered from a block, and per refused reservation.
+        assert!(
+            calls <= 5_000 - (stats.decisions - stats.blocks) + stats.refused,
+            "{rule:?}: {calls} calls for {denied} denials: {stats:?}"
+        );
+        assert!(stats.refused < 60, "{rule:?}: {stats:?}");
+    }
+}
+
 /// Concurrent checks that find a block empty at once take one block between them (the others
 /// go plain meanwhile): the units held stay within the cap, not one cap per task.
 #[tokio::test]

@@ -6,15 +6,22 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use std::time::Duration;
+
 use axum::Router;
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::routing::get;
 use criterion::{Criterion, criterion_group, criterion_main};
+use governor::middleware::StateInformationMiddleware;
 use http::Request;
 use tollgate_core::{Period, Rule, RuleSet};
 use tollgate_limiter::Policy;
 use tollgate_tower::{Key, TollgateLayer, in_memory};
 use tower::ServiceExt;
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::PeerIpKeyExtractor;
 
 fn app() -> Router {
     Router::new().route("/hello", get(|| async { "hello" }))
@@ -29,10 +36,26 @@ fn layer(key: Key, limit: u64) -> TollgateLayer {
         .unwrap()
 }
 
+/// A request from `peer`, its address where each layer reads it: Tollgate's `Key::peer_ip()`
+/// from the `SocketAddr`, tower_governor's `PeerIpKeyExtractor` from axum's `ConnectInfo`.
 fn request(peer: u32) -> Request<Body> {
     let mut req = Request::get("/hello").body(Body::empty()).unwrap();
-    req.extensions_mut().insert(SocketAddr::from((Ipv4Addr::from(peer), 40000)));
+    let addr = SocketAddr::from((Ipv4Addr::from(peer), 40000));
+    req.extensions_mut().insert(addr);
+    req.extensions_mut().insert(ConnectInfo(addr));
     req
+}
+
+/// tower_governor's layer (the peer in the same run): keyed by peer IP, a quota every request
+/// fits, with its `x-ratelimit-*` headers on (Tollgate's layer always writes its headers).
+fn governor_layer(burst: u32) -> GovernorLayer<PeerIpKeyExtractor, StateInformationMiddleware, Body> {
+    let config = GovernorConfigBuilder::default()
+        .period(Duration::from_nanos(1))
+        .burst_size(burst)
+        .use_headers()
+        .finish()
+        .unwrap();
+    GovernorLayer::new(config)
 }
 
 fn overhead(c: &mut Criterion) {
@@ -61,6 +84,24 @@ fn overhead(c: &mut Criterion) {
         b.iter(|| {
             let peer = 0x0a00_0000 + next.fetch_add(1, Ordering::Relaxed) % 10_000;
             rt.block_on(many.clone().oneshot(request(peer))).unwrap()
+        })
+    });
+
+    // The peer, the same two cases.
+    let governed = app().layer(governor_layer(1_000_000_000));
+    group.bench_function("tower_governor_admitted_one_key", |b| {
+        b.iter(|| {
+            let r = rt.block_on(governed.clone().oneshot(request(0x0a00_0001))).unwrap();
+            assert_eq!(r.status(), 200);
+            r
+        })
+    });
+    let governed_many = app().layer(governor_layer(1_000_000_000));
+    let next_peer = AtomicU32::new(0);
+    group.bench_function("tower_governor_admitted_10k_keys", |b| {
+        b.iter(|| {
+            let peer = 0x0a00_0000 + next_peer.fetch_add(1, Ordering::Relaxed) % 10_000;
+            rt.block_on(governed_many.clone().oneshot(request(peer))).unwrap()
         })
     });
 
