@@ -93,9 +93,16 @@ pub async fn info(State(state): State<AppState>) -> Json<Info> {
     })
 }
 
+/// Gauge: reserved units this instance holds now (counted by the backend, not yet admitted),
+/// read from the limiter at each scrape. With the admitted count, it bounds under-admission:
+/// under overload a window admits at least its limit less the units held idle across instances.
+pub const RESERVE_HELD: &str = "tollgate_reserve_held_units";
+
 /// Prometheus text exposition.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AppState>) -> Response {
+    // A gauge of the present, not a count of events: set from the table as it is now.
+    metrics::gauge!(RESERVE_HELD).set(state.limiter().reserve_stats().held as f64);
     let body = state.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }

@@ -112,6 +112,12 @@ where
     if report.keys > 1 {
         caption += " (to one key)";
     }
+    if let Some(x) = &run.reserve {
+        caption += &format!("; {:.3} backend calls per decision", x.calls_per_decision);
+        if x.reserve.is_on() {
+            caption += &format!(", {} blocks", x.blocks);
+        }
+    }
     head.draw_text(&caption, &("sans-serif", 15).into_font().color(&CAPTION), (12, 29))?;
     Ok(())
 }

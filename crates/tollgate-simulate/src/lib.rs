@@ -11,12 +11,15 @@
 //!
 //! - `rules` and `traffic`: the `--rules` and `--traffic` languages.
 //! - `replay`: one rule's engine and clock over the traffic, and what it admitted.
+//! - `reserve`: `--reserve` and `--instances`, a rule through the limiters `tollgate serve`
+//!   decides with, several sharing one backend, with quota reservations on or off.
 //! - `report`: the results, as the JSON output or the table; `chart`: the SVG.
 //! - `time`: microseconds, the round steps of buckets and ticks, compact durations.
 
 mod chart;
 mod replay;
 mod report;
+mod reserve;
 mod rules;
 mod time;
 mod traffic;
@@ -29,6 +32,7 @@ use clap::Args;
 
 use report::{Report, print_table};
 use time::{SECOND, round_step};
+use tollgate_limiter::Reserve;
 use traffic::{Traffic, format_micros};
 
 /// Longest run: a year and a day, so that every simulated time stays far below 2^53 us.
@@ -66,6 +70,15 @@ pub struct SimulateArgs {
     /// Print the results as JSON (for scripts) instead of a table.
     #[arg(long)]
     json: bool,
+    /// Simulate quota reservations (a policy's `reserve`): auto, or max=N. Each rule is then
+    /// shown twice, through --instances limiters sharing one backend: with reserve off, then
+    /// on, with the backend calls per decision and the units held, given back and expired.
+    #[arg(long, value_name = "auto|max=N", value_parser = reserve::parse_reserve)]
+    reserve: Option<tollgate_limiter::Reserve>,
+    /// With --reserve: the instances (limiters) sharing the backend, the requests dealt to
+    /// them in turn.
+    #[arg(long, default_value_t = 1, value_name = "N", requires = "reserve")]
+    instances: usize,
 }
 
 /// Runs the simulation and prints (and draws) its results.
@@ -109,10 +122,26 @@ fn simulate(args: &SimulateArgs) -> anyhow::Result<Report> {
     };
     let requests = args.traffic.requests(duration).context("--traffic")?;
     let buckets = duration.div_ceil(bucket) as usize;
-    let runs = rules
-        .iter()
-        .map(|rule| replay::replay(rule, &requests, bucket, buckets))
-        .collect::<Result<_, _>>()?;
+    let runs = match args.reserve {
+        None => rules
+            .iter()
+            .map(|rule| replay::replay(rule, &requests, bucket, buckets))
+            .collect::<Result<_, _>>()?,
+        Some(on) => {
+            // Every rule must take reservations before any is replayed.
+            for rule in &rules {
+                reserve::policy(rule, on)?;
+            }
+            let mut runs = Vec::new();
+            for rule in &rules {
+                let modes = if on.is_on() { vec![Reserve::Off, on] } else { vec![Reserve::Off] };
+                for reserve in modes {
+                    runs.push(reserve::replay(rule, &requests, bucket, buckets, reserve, args.instances)?);
+                }
+            }
+            runs
+        }
+    };
     Ok(Report {
         traffic: args.traffic.text.clone(),
         duration_s: duration as f64 / SECOND as f64,

@@ -7,7 +7,7 @@ use tollgate_core::{ManualClock, MemoryBackend, Operation, Rule, RuleSet, Timest
 use crate::report::RuleRun;
 use crate::rules;
 use crate::time::SECOND;
-use crate::traffic::{Requests, format_micros};
+use crate::traffic::{Request, Requests, format_micros};
 
 /// Where every rule's simulated clock starts: 2024-01-01T00:00:00Z, a whole number of days
 /// since the Unix epoch (each rule then moves on to its next window edge: see [`start_of`]).
@@ -15,7 +15,7 @@ const BASE: u64 = 1_704_067_200 * SECOND;
 
 /// Where a rule's clock starts: the first multiple of its period at or after [`BASE`], so that
 /// clock-aligned windows start at simulated time 0 (then at every multiple of the period).
-fn start_of(rule: &Rule) -> u64 {
+pub(crate) fn start_of(rule: &Rule) -> u64 {
     let period = rules::rate(rule).1.as_micros();
     BASE.div_ceil(period) * period
 }
@@ -41,27 +41,41 @@ pub(crate) fn replay(
     bucket: u64,
     buckets: usize,
 ) -> anyhow::Result<RuleRun> {
-    let label = rules::label(rule);
-    let set = RuleSet::new([rule.clone()]).with_context(|| label.clone())?;
+    let set = RuleSet::new([rule.clone()]).with_context(|| rules::label(rule))?;
     let start = start_of(rule);
     let clock = ManualClock::new(Timestamp::from_micros(start));
     let engine = MemoryBackend::with_clock(clock.clone());
+    let label = rules::label(rule);
+    tally(label, rule, requests, bucket, buckets, |request, key| {
+        clock.set(Timestamp::from_micros(start + request.at));
+        Ok(engine.execute_now(key, &set, Operation::Check { cost: request.cost })?.allowed())
+    })
+}
+
+/// Runs `requests` through `admits` (whether it admits a request of a key) and counts what it
+/// admitted, per bucket and in the rule's spans.
+pub(crate) fn tally(
+    label: String,
+    rule: &Rule,
+    requests: &Requests,
+    bucket: u64,
+    buckets: usize,
+    mut admits: impl FnMut(&Request, &str) -> anyhow::Result<bool>,
+) -> anyhow::Result<RuleRun> {
     let mut run = RuleRun::new(label, rule, requests.list.len() as u64, buckets);
     let mut admitted_by_key: Vec<Vec<(u64, u64)>> = vec![Vec::new(); requests.keys.len()];
     for request in &requests.list {
-        clock.set(Timestamp::from_micros(start + request.at));
         let key = &requests.keys[request.key];
-        let decision =
-            engine.execute_now(key, &set, Operation::Check { cost: request.cost }).with_context(|| {
-                format!(
-                    "{}: the request at {} (key {key:?}, cost {})",
-                    run.label,
-                    format_micros(request.at),
-                    request.cost
-                )
-            })?;
+        let admitted = admits(request, key).with_context(|| {
+            format!(
+                "{}: the request at {} (key {key:?}, cost {})",
+                run.label,
+                format_micros(request.at),
+                request.cost
+            )
+        })?;
         let at = (request.at / bucket) as usize;
-        if decision.allowed() {
+        if admitted {
             run.admitted += 1;
             run.admitted_units += request.cost;
             run.admitted_per_bucket[at] += 1;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 use tollgate_core::Rule;
+use tollgate_limiter::Reserve;
 
 use crate::time::seconds;
 
@@ -33,6 +34,36 @@ pub(crate) struct RuleRun {
     pub(crate) admitted_per_bucket: Vec<u64>,
     /// Requests denied in each bucket.
     pub(crate) denied_per_bucket: Vec<u64>,
+    /// With `--reserve`: what the limiters and their reservations did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) reserve: Option<ReserveRun>,
+}
+
+/// A run through `--instances` limiters sharing one backend, with or without reservations.
+#[derive(Debug, Serialize)]
+pub(crate) struct ReserveRun {
+    /// The policy's `reserve`: `"off"`, `"auto"` or `{"max": N}`.
+    pub(crate) reserve: Reserve,
+    /// Limiters sharing the backend, the requests dealt to them in turn.
+    pub(crate) instances: usize,
+    /// Calls to the backend: checks, reservations, refunds and heartbeats.
+    pub(crate) backend_calls: u64,
+    /// Backend calls per request.
+    pub(crate) calls_per_decision: f64,
+    /// Decisions answered from a reserved block (the reserving check included).
+    pub(crate) reserved_decisions: u64,
+    /// Blocks reserved, and reservations the backend refused.
+    pub(crate) blocks: u64,
+    pub(crate) refused: u64,
+    /// Units reserved in all blocks.
+    pub(crate) reserved_units: u64,
+    /// Units held, not admitted, after the last request (given back as at a shutdown).
+    pub(crate) held_at_end: u64,
+    /// Unused units given back to the backend (those held at the end included, where the
+    /// algorithm takes them back).
+    pub(crate) returned: u64,
+    /// Unused units that expired or could not go back.
+    pub(crate) expired: u64,
 }
 
 impl RuleRun {
@@ -50,6 +81,7 @@ impl RuleRun {
             max_admitted_window: 0,
             admitted_per_bucket: vec![0; buckets],
             denied_per_bucket: vec![0; buckets],
+            reserve: None,
         }
     }
 }
@@ -116,5 +148,51 @@ pub(crate) fn print_table(report: &Report) {
             r.max_admitted_window,
             seconds(r.window_s)
         );
+    }
+    let reserved: Vec<(&RuleRun, &ReserveRun)> =
+        report.rules.iter().filter_map(|r| Some((r, r.reserve.as_ref()?))).collect();
+    let Some((_, first)) = reserved.first() else {
+        return;
+    };
+    println!();
+    println!(
+        "{} sharing one backend, the requests dealt to them in turn",
+        if first.instances == 1 { "1 instance".to_owned() } else { format!("{} instances", first.instances) }
+    );
+    println!();
+    println!(
+        "{:<width$}  {:>9}  {:>14}  {:>11}  {:>7}  {:>7}  {:>11}  {:>8}  {:>7}",
+        "rule",
+        "reserve",
+        "calls/decision",
+        "from blocks",
+        "blocks",
+        "refused",
+        "held at end",
+        "returned",
+        "expired"
+    );
+    for (r, x) in reserved {
+        println!(
+            "{:<width$}  {:>9}  {:>14.4}  {:>11}  {:>7}  {:>7}  {:>11}  {:>8}  {:>7}",
+            r.label,
+            reserve_word(x.reserve),
+            x.calls_per_decision,
+            x.reserved_decisions,
+            x.blocks,
+            x.refused,
+            x.held_at_end,
+            x.returned,
+            x.expired
+        );
+    }
+}
+
+/// `off`, `auto` or `max=N`, as `--reserve` writes it.
+pub(crate) fn reserve_word(reserve: Reserve) -> String {
+    match reserve {
+        Reserve::Off => "off".into(),
+        Reserve::Auto => "auto".into(),
+        Reserve::Max(max) => format!("max={max}"),
     }
 }

@@ -313,3 +313,102 @@ fn mistakes_are_clear_errors_not_panics() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+/// The report's `reserve` entry of a rule's run.
+fn reserve<'a>(report: &'a Value, label: &str) -> &'a Value {
+    let run = &rule(report, label)["reserve"];
+    assert!(run.is_object(), "no reserve entry for {label:?} in {report}");
+    run
+}
+
+/// `--reserve`: each rule twice, through the limiters, reservations off then on. A hot key under
+/// its limit: everything admitted either way, with a small fraction of the backend calls, and
+/// every reserved unit accounted for (admitted from a block, given back, or expired).
+#[test]
+fn reservations_spare_the_backend_on_a_hot_key() {
+    let report = simulate(&[
+        "--rules",
+        "fixed_window 20000/1m, token_bucket 400/1s capacity=2000, gcra 400/1s burst=2000",
+        "--traffic",
+        "steady:200/s",
+        "--duration",
+        "2m",
+        "--instances",
+        "4",
+        "--reserve",
+        "auto",
+    ]);
+    assert_eq!(report["rules"].as_array().unwrap().len(), 6, "each rule off, then on");
+    for label in ["fixed_window 20000/1m", "token_bucket 400/1s capacity=2000", "gcra 400/1s burst=2000"] {
+        let (off, on) = (rule(&report, label), rule(&report, &format!("{label} reserve=auto")));
+        assert_eq!((n(off, "admitted"), n(on, "admitted")), (24_000, 24_000), "{label}");
+        let (off, on) = (reserve(&report, label), reserve(&report, &format!("{label} reserve=auto")));
+        assert_eq!((off["reserve"].as_str(), on["reserve"].as_str()), (Some("off"), Some("auto")));
+        assert_eq!(n(off, "instances"), 4);
+        assert_eq!(n(off, "backend_calls"), 24_000, "{label}: one call per check without reservations");
+        assert_eq!(n(off, "blocks"), 0);
+        // A bucket's and GCRA's blocks last 1 s: a block and a refund per instance a second.
+        assert!(n(on, "backend_calls") * 10 < 24_000, "{label}: {on}");
+        assert!(n(on, "blocks") > 0 && n(on, "reserved_decisions") > 20_000, "{label}: {on}");
+        // Cost 1: a unit of a block is admitted once, given back, or expired.
+        assert_eq!(
+            n(on, "reserved_units"),
+            n(on, "reserved_decisions") + n(on, "returned") + n(on, "expired"),
+            "{label}: {on}"
+        );
+    }
+    // The window's units held when it ends cannot go back (they would count in the next one).
+    let fixed = reserve(&report, "fixed_window 20000/1m reserve=auto");
+    assert!(n(fixed, "expired") > 0 && n(fixed, "held_at_end") > 0, "{fixed}");
+}
+
+/// Under overload, with reservations, each minute of a fixed window still admits at most its
+/// limit and at least the limit less the quarter the instances may hold idle; a token bucket
+/// and GCRA admit no more than they do without reservations.
+#[test]
+fn reservations_never_admit_over_the_limit() {
+    let report = simulate(&[
+        "--rules",
+        "fixed_window 1000/1m, token_bucket 10/1s capacity=500, gcra 10/1s burst=500",
+        "--traffic",
+        "steady:50/s+poisson:30/s",
+        "--duration",
+        "3m",
+        "--bucket",
+        "1m",
+        "--instances",
+        "3",
+        "--reserve",
+        "max=50",
+    ]);
+    let fixed = rule(&report, "fixed_window 1000/1m reserve=max=50");
+    for admitted in per_bucket(fixed) {
+        assert!((750..=1000).contains(&admitted), "{fixed}");
+    }
+    assert!(n(reserve(&report, "fixed_window 1000/1m reserve=max=50"), "blocks") > 0);
+    for label in ["token_bucket 10/1s capacity=500", "gcra 10/1s burst=500"] {
+        let (off, on) = (rule(&report, label), rule(&report, &format!("{label} reserve=max=50")));
+        assert!(n(on, "admitted") <= n(off, "admitted"), "{label}: {on}");
+        assert!(n(on, "admitted") * 4 >= n(off, "admitted") * 3, "{label}: {on}");
+    }
+}
+
+#[test]
+fn reserve_mistakes_are_clear_errors() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--rules", "fixed_window 10/1s, sliding_window_log 10/1s", "--reserve", "auto"],
+            "--reserve auto: sliding_window_log 10/1s: reserve cannot be used with rules[0], a sliding_window_log rule",
+        ),
+        (&["--rules", "fixed_window 10/1s", "--reserve", "max=0"], "max must be at least 1"),
+        (&["--rules", "fixed_window 10/1s", "--reserve", "yes"], "expected auto, max=N or off"),
+        (&["--rules", "fixed_window 10/1s", "--instances", "3"], "--reserve"),
+    ];
+    for (args, expected) in cases {
+        let out = run(&[args, &["--traffic", "steady:5/s"]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
