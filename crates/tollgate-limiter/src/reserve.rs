@@ -379,7 +379,9 @@ impl Reservations {
         entry.size = entry.size.min(cap(policy, entry.instances)).max(1);
         let size = entry.size;
         if size <= cost {
-            if size <= 1 && entry.units == 0 {
+            // Back to the plain path; after a refusal the entry stays until the sweep, so that
+            // the doorkeeper does not let the key straight back in to be refused again.
+            if size <= 1 && entry.units == 0 && entry.refused_until.is_none() {
                 remove(&mut shard, &policy.name, key);
             }
             return (Step::Plain, leftover);
