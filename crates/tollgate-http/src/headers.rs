@@ -2,7 +2,6 @@
 //! draft's (draft-ietf-httpapi-ratelimit-headers) `RateLimit-Policy` and `RateLimit` structured
 //! fields, one item per rule. The server and the tower layer both write them from here.
 
-use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName, HeaderValue, header};
@@ -40,6 +39,21 @@ pub fn rule_name(rule: &Rule, index: usize) -> String {
     rule.name.clone().unwrap_or_else(|| format!("{}.{index}", rule.algorithm()))
 }
 
+/// [`rule_name`] as an RFC 8941 String, written into `out` without an allocation of its own.
+fn write_rule_name(out: &mut String, rule: &Rule, index: usize) {
+    match &rule.name {
+        Some(name) => sf_string(out, name),
+        None => {
+            // Algorithm names are lower-case ASCII and `_`: nothing to escape.
+            out.push('"');
+            out.push_str(rule.algorithm().as_str());
+            out.push('.');
+            out.push_str(itoa::Buffer::new().format(index));
+            out.push('"');
+        }
+    }
+}
+
 /// The time a rule's quota refers to: its period, or for bucket-like rules the time to refill
 /// from empty. None for concurrency, which has no window.
 fn window(kind: &RuleKind) -> Option<Duration> {
@@ -74,20 +88,43 @@ fn sf_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
-fn insert(headers: &mut HeaderMap, name: &'static str, value: String) {
-    if let Ok(value) = HeaderValue::try_from(value) {
-        headers.insert(HeaderName::from_static(name), value);
+const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const STATE: HeaderName = HeaderName::from_static("ratelimit");
+
+/// `RateLimit-Policy` for `rules` (one item per rule: its name, quota and window). It depends
+/// on the rules alone, so a caller whose rules are fixed (the tower layer) computes it once and
+/// hands it to [`rate_limit_headers`].
+pub fn policy_header(rules: &RuleSet) -> Option<HeaderValue> {
+    let mut policy = String::with_capacity(32 * rules.len());
+    for (index, (rule, outcome)) in rules.rules().zip(Decision::admitted_unchecked(rules).rules()).enumerate()
+    {
+        if index > 0 {
+            policy.push_str(", ");
+        }
+        write_rule_name(&mut policy, rule, index);
+        policy.push_str(";q=");
+        policy.push_str(itoa::Buffer::new().format(outcome.limit));
+        if let Some(w) = window(&rule.kind) {
+            policy.push_str(";w=");
+            policy.push_str(itoa::Buffer::new().format(ceil_secs(w).max(1)));
+        }
     }
+    HeaderValue::try_from(policy).ok()
 }
 
 /// Writes the headers describing `decision` under `rules` into `headers`; `denied` adds
-/// `Retry-After` (whole seconds, rounded up, at least 1).
+/// `Retry-After` (whole seconds, rounded up, at least 1). `policy` is [`policy_header`]`(rules)`
+/// when the caller keeps it, else it is computed here.
 pub fn rate_limit_headers(
     headers: &mut HeaderMap,
     rules: &RuleSet,
     decision: &Decision,
     reset: ResetHeader,
     denied: bool,
+    policy: Option<&HeaderValue>,
 ) {
     let reset_secs = ceil_secs(decision.reset_after());
     let reset_value = match reset {
@@ -97,27 +134,34 @@ pub fn rate_limit_headers(
             ceil_secs(now) + reset_secs
         }
     };
-    headers.insert("x-ratelimit-limit", HeaderValue::from(decision.limit()));
-    headers.insert("x-ratelimit-remaining", HeaderValue::from(decision.remaining()));
-    headers.insert("x-ratelimit-reset", HeaderValue::from(reset_value));
+    headers.insert(X_LIMIT, HeaderValue::from(decision.limit()));
+    headers.insert(X_REMAINING, HeaderValue::from(decision.remaining()));
+    headers.insert(X_RESET, HeaderValue::from(reset_value));
 
-    let mut policy = String::new();
-    let mut state = String::new();
-    for (index, (rule, outcome)) in rules.rules().zip(decision.rules()).enumerate() {
-        let sep = if index == 0 { "" } else { ", " };
-        let name = rule_name(rule, index);
-        policy.push_str(sep);
-        sf_string(&mut policy, &name);
-        let _ = write!(policy, ";q={}", outcome.limit);
-        if let Some(w) = window(&rule.kind) {
-            let _ = write!(policy, ";w={}", ceil_secs(w).max(1));
+    match policy {
+        Some(policy) => {
+            headers.insert(POLICY, policy.clone());
         }
-        state.push_str(sep);
-        sf_string(&mut state, &name);
-        let _ = write!(state, ";r={};t={}", outcome.remaining, ceil_secs(outcome.reset_after));
+        None => {
+            if let Some(policy) = policy_header(rules) {
+                headers.insert(POLICY, policy);
+            }
+        }
     }
-    insert(headers, "ratelimit-policy", policy);
-    insert(headers, "ratelimit", state);
+    let mut state = String::with_capacity(32 * rules.len());
+    for (index, (rule, outcome)) in rules.rules().zip(decision.rules()).enumerate() {
+        if index > 0 {
+            state.push_str(", ");
+        }
+        write_rule_name(&mut state, rule, index);
+        state.push_str(";r=");
+        state.push_str(itoa::Buffer::new().format(outcome.remaining));
+        state.push_str(";t=");
+        state.push_str(itoa::Buffer::new().format(ceil_secs(outcome.reset_after)));
+    }
+    if let Ok(state) = HeaderValue::try_from(state) {
+        headers.insert(STATE, state);
+    }
 
     if denied {
         let secs = ceil_secs(decision.retry_after()).max(1);
@@ -144,7 +188,7 @@ mod tests {
         }
         assert!(!d.allowed());
         let mut h = HeaderMap::new();
-        rate_limit_headers(&mut h, &rules, &d, ResetHeader::Delta, true);
+        rate_limit_headers(&mut h, &rules, &d, ResetHeader::Delta, true, None);
         assert_eq!(h["ratelimit-policy"], r#""sec\"ond";q=2;w=1, "token_bucket.1";q=10;w=2"#);
         assert_eq!(h["ratelimit"], r#""sec\"ond";r=0;t=1, "token_bucket.1";r=8;t=1"#);
         assert_eq!(h["x-ratelimit-limit"], "2");
@@ -183,7 +227,7 @@ mod tests {
         }
         assert!(!d.allowed());
         let mut h = HeaderMap::new();
-        rate_limit_headers(&mut h, &rules, &d, ResetHeader::Delta, true);
+        rate_limit_headers(&mut h, &rules, &d, ResetHeader::Delta, true, None);
         assert_eq!(
             h["ratelimit-policy"],
             r#""sec\"ond";q=2;w=1, "token_bucket.1";q=10;w=2, "concurrency.2";q=3"#

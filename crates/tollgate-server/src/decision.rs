@@ -115,7 +115,14 @@ pub(crate) fn respond(
 ) -> Response {
     let status = if verdict.allowed() { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
     let mut response = (status, Json(body)).into_response();
-    rate_limit_headers(response.headers_mut(), &policy.rules, &verdict.decision, reset, !verdict.allowed());
+    rate_limit_headers(
+        response.headers_mut(),
+        &policy.rules,
+        &verdict.decision,
+        reset,
+        !verdict.allowed(),
+        None,
+    );
     response
 }
 

@@ -1,6 +1,7 @@
 //! [`TollgateLayer`] and the [`Tollgate`] service it wraps around an inner one.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -9,8 +10,9 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, header};
+use tollgate_core::Decision;
 use tollgate_http::ResetHeader;
-use tollgate_http::headers::{ceil_secs, rate_limit_headers};
+use tollgate_http::headers::{ceil_secs, policy_header, rate_limit_headers};
 use tollgate_limiter::keyspace::policy_key;
 use tollgate_limiter::{LimitError, Limiter, Policy, Verdict};
 
@@ -70,6 +72,14 @@ struct LayerSettings {
     reset: ResetHeader,
     non_canonical_paths: NonCanonicalPaths,
     path_case: PathCase,
+    /// Each policy's `RateLimit-Policy` header, by [`policy_id`]: it depends on the rules alone.
+    policy_headers: HashMap<usize, HeaderValue, foldhash::fast::RandomState>,
+}
+
+/// A policy's identity in [`LayerSettings::policy_headers`]: where its `Arc` points (the layer
+/// holds every policy it checks under, so the address is not reused while it runs).
+fn policy_id(policy: &Arc<Policy>) -> usize {
+    Arc::as_ptr(policy) as usize
 }
 
 /// Builds a [`TollgateLayer`]; from [`TollgateLayer::builder`].
@@ -161,7 +171,17 @@ impl Builder {
         if let Some(p) = limited.chain(&self.default).find(|p| p.rules.has_concurrency()) {
             return Err(BuildError::ConcurrencyPolicy { policy: p.name.to_string() });
         }
+        let policy_headers = routes
+            .routes()
+            .filter_map(|r| match &r.action {
+                Action::Limit { policy, .. } => Some(policy),
+                Action::Exempt => None,
+            })
+            .chain(&self.default)
+            .filter_map(|p| Some((policy_id(p), policy_header(&p.rules)?)))
+            .collect();
         let shared = LayerSettings {
+            policy_headers,
             limiter: self.limiter,
             key: self.key,
             default: self.default,
@@ -258,8 +278,8 @@ impl<S> std::fmt::Debug for Tollgate<S> {
 enum Gate {
     /// Not limited: call the service, add nothing.
     Pass,
-    /// Admitted: call the service, add these headers.
-    Admit(HeaderMap, RateLimitInfo),
+    /// Admitted: call the service, write the headers of this decision into its response.
+    Admit(RateLimitInfo),
     /// Answered by the layer.
     Answer(Problem, HeaderMap),
 }
@@ -356,15 +376,28 @@ impl LayerSettings {
                 return Gate::Answer(misconfigured(), HeaderMap::new());
             }
         };
-        let mut headers = HeaderMap::new();
-        let allowed = verdict.allowed();
-        rate_limit_headers(&mut headers, &policy.rules, &verdict.decision, self.reset, !allowed);
-        if allowed {
-            Gate::Admit(headers, RateLimitInfo { key, policy: Arc::clone(policy), verdict })
+        if verdict.allowed() {
+            // The headers are written into the response itself, once the service answers.
+            Gate::Admit(RateLimitInfo { key, policy: Arc::clone(policy), verdict })
         } else {
+            let mut headers = HeaderMap::new();
+            self.write_headers(&mut headers, policy, &verdict.decision, true);
             let secs = ceil_secs(verdict.decision.retry_after()).max(1);
             Gate::Answer(Problem::rate_limited(&policy.name, secs), headers)
         }
+    }
+
+    /// The rate-limit headers of `decision` under `policy`, its `RateLimit-Policy` computed
+    /// when the layer was built.
+    fn write_headers(
+        &self,
+        headers: &mut HeaderMap,
+        policy: &Arc<Policy>,
+        decision: &Decision,
+        denied: bool,
+    ) {
+        let kept = self.policy_headers.get(&policy_id(policy));
+        rate_limit_headers(headers, &policy.rules, decision, self.reset, denied, kept);
     }
 }
 
@@ -397,10 +430,11 @@ where
             let (mut req, gate) = shared.gate(req).await;
             match gate {
                 Gate::Pass => Ok(inner.call(req).await?.map(ResponseBody::inner)),
-                Gate::Admit(headers, info) => {
+                Gate::Admit(info) => {
+                    let (policy, decision) = (Arc::clone(&info.policy), info.verdict.decision.clone());
                     req.extensions_mut().insert(info);
                     let mut response = inner.call(req).await?.map(ResponseBody::inner);
-                    response.headers_mut().extend(headers);
+                    shared.write_headers(response.headers_mut(), &policy, &decision, false);
                     Ok(response)
                 }
                 Gate::Answer(problem, headers) => {
