@@ -114,6 +114,13 @@ fn consumer_id() -> Value {
            "description": "1 to 256 bytes without control characters"})
 }
 
+/// A consumer limit's scope (a policy or route name of the caller's): as a consumer id, or null.
+fn scope() -> Value {
+    json!({"type": ["string", "null"], "minLength": 1, "maxLength": MAX_CONSUMER_BYTES,
+           "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$",
+           "description": "1 to 256 bytes without control characters"})
+}
+
 /// The request bodies, by schema name: the alternatives a handler accepts, each exactly.
 fn request_schemas() -> Vec<(&'static str, Value)> {
     let cost = json!({"type": "integer", "minimum": 0, "default": 1});
@@ -131,10 +138,7 @@ fn request_schemas() -> Vec<(&'static str, Value)> {
             json!({"oneOf": [
                 object(&[("key", key()), ("policy", name()), ("cost", cost.clone())], &["key", "policy"]),
                 object(&[("key", key()), ("limits", inline_rules("CheckRule")), ("cost", cost.clone())], &["key", "limits"]),
-                object(&[("consumer", consumer_id()), ("scope", json!({"type": ["string", "null"], "minLength": 1,
-                "maxLength": MAX_CONSUMER_BYTES, "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"})),
-                ("cost", cost.clone())],
-                    &["consumer"]),
+                object(&[("consumer", consumer_id()), ("scope", scope()), ("cost", cost.clone())], &["consumer"]),
                 object(&[("anonymous_ip", json!({"type": "string", "anyOf": [{"format": "ipv4"}, {"format": "ipv6"}]})),
                     ("cost", cost.clone())], &["anonymous_ip"]),
             ]}),
@@ -193,7 +197,7 @@ fn request_schemas() -> Vec<(&'static str, Value)> {
                     ("per_day", per.clone()),
                     ("per_week", per.clone()),
                     ("per_month", per),
-                    ("scope", json!({"type": ["string", "null"]})),
+                    ("scope", scope()),
                     ("from", moment.clone()),
                     ("to", moment),
                 ],

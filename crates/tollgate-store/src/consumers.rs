@@ -85,13 +85,18 @@ fn rfc3339(ms: i64) -> String {
     humantime::format_rfc3339_millis(time).to_string()
 }
 
+/// An RFC 3339 date-time, any offset, as Unix epoch milliseconds; a time before 1970 counts as
+/// 1970 (a window opened before then is open since the epoch, the stored times' origin).
 fn parse_time(field: &str, text: &str) -> Result<i64, StoreError> {
-    let time = humantime::parse_rfc3339_weak(text).map_err(|e| StoreError::Invalid {
-        field: field.to_owned(),
-        message: format!("{field} = {text:?} is not a date-time like 2026-01-31T00:00:00Z: {e}"),
-    })?;
-    let ms = time.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-    Ok(i64::try_from(ms).unwrap_or(i64::MAX))
+    let time =
+        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).map_err(|e| {
+            StoreError::Invalid {
+                field: field.to_owned(),
+                message: format!("{field} = {text:?} is not a date-time like 2026-01-31T00:00:00Z: {e}"),
+            }
+        })?;
+    let ms = time.unix_timestamp_nanos() / 1_000_000;
+    Ok(i64::try_from(ms.max(0)).unwrap_or(i64::MAX))
 }
 
 /// Checks a consumer id (or scope): 1 to 256 bytes, no control characters.
@@ -468,6 +473,29 @@ mod tests {
         for bad in [0, -2, MAX_COUNT as i64 + 1] {
             let six = SixPeriods { per_hour: bad, ..SixPeriods::UNLIMITED };
             assert_eq!(six.validate().unwrap_err().field, "per_hour");
+        }
+    }
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::parse_time;
+
+    /// What JSON Schema's `date-time` (RFC 3339) allows is taken: offsets, lower-case
+    /// separators, fractions, a leap second; before 1970 reads as 1970.
+    #[test]
+    fn every_rfc3339_date_time_is_read() {
+        let at = |t: &str| parse_time("from", t).unwrap();
+        assert_eq!(at("2026-01-31T00:00:00Z"), 1_769_817_600_000);
+        assert_eq!(at("2026-01-31T01:00:00+01:00"), 1_769_817_600_000);
+        assert_eq!(at("2026-01-30T00:01:00-23:59"), 1_769_817_600_000);
+        assert_eq!(at("2026-01-31t00:00:00z"), 1_769_817_600_000);
+        assert_eq!(at("2026-01-31T00:00:00.123456789Z"), 1_769_817_600_123);
+        assert_eq!(at("0001-01-01T00:00:00Z"), 0);
+        assert!(at("9999-12-31T23:59:59Z") > 0);
+        for bad in ["2026-01-31", "2026-13-01T00:00:00Z", "yesterday", ""] {
+            let e = parse_time("to", bad).unwrap_err().to_string();
+            assert!(e.contains("to ="), "{bad}: {e}");
         }
     }
 }
