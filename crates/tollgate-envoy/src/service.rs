@@ -19,6 +19,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{ListValue, Struct, Value as ProtoValue};
 use tollgate_core::{Decision, Error as CoreError, Rule, RuleSet};
 use tollgate_limiter::keyspace::envoy_key;
 use tollgate_limiter::{Check, LimitError, Limiter, Mode, Policy, Verdict};
@@ -70,6 +72,7 @@ pub struct EnvoyService {
     limiter: Limiter,
     domains: Arc<ArcSwap<BTreeMap<String, Domain>>>,
     response_headers: bool,
+    dynamic_metadata: bool,
     charging: Charging,
 }
 
@@ -91,6 +94,7 @@ impl EnvoyService {
             limiter,
             domains: Arc::new(ArcSwap::from_pointee(map)),
             response_headers: false,
+            dynamic_metadata: false,
             charging: Charging::Each,
         }
     }
@@ -99,6 +103,13 @@ impl EnvoyService {
     /// descriptor closest to its limit (upstream's `LIMIT_RESPONSE_HEADERS_ENABLED`).
     pub fn with_response_headers(mut self, enabled: bool) -> Self {
         self.response_headers = enabled;
+        self
+    }
+
+    /// With the request and the `metadata` of the descriptors that admitted it in the
+    /// response's `dynamic_metadata` (upstream's `RESPONSE_DYNAMIC_METADATA`).
+    pub fn with_dynamic_metadata(mut self, enabled: bool) -> Self {
+        self.dynamic_metadata = enabled;
         self
     }
 
@@ -135,6 +146,8 @@ struct Planned<'a> {
     hits: u64,
     /// Per entry, the wildcard its value is counted under (`share_threshold`).
     shared: Vec<Option<&'a str>>,
+    /// The matched node's `metadata` (none for a request's own limit, as upstream).
+    metadata: Option<&'a Struct>,
 }
 
 impl Planned<'_> {
@@ -185,6 +198,7 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
         hits,
         shared: vec![None; entries.len()],
         entries,
+        metadata: None,
     };
     // An unknown domain limits nothing, the request's own limit included (upstream's rule).
     let Some(domain) = domain else { return planned };
@@ -214,6 +228,7 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
         planned.quota = m.node.quota_mode;
         planned.detailed = m.node.detailed_metric;
         planned.shared = m.shared;
+        planned.metadata = m.node.metadata.as_ref();
     }
     planned
 }
@@ -387,7 +402,7 @@ impl EnvoyService {
             .zip(&outcomes)
             .map(|(p, outcome)| answer(&req.domain, p, outcome, &items, &verdicts))
             .collect();
-        Ok(self.response(&planned, &outcomes, statuses))
+        Ok(self.response(&req, &planned, &outcomes, statuses))
     }
 
     /// Each descriptor's [`Outcome`], and the checks of those the backend decides. `blocked`:
@@ -418,6 +433,7 @@ impl EnvoyService {
     /// is, or when every quota-mode one is (upstream's rule); with the headers, when asked for.
     fn response(
         &self,
+        req: &RateLimitRequest,
         planned: &[Planned<'_>],
         outcomes: &[Outcome],
         statuses: Vec<DescriptorStatus>,
@@ -439,10 +455,12 @@ impl EnvoyService {
         let over = failed > 0 || (quota_total > 0 && quota_total == quota_failed);
         let overall = if over { Code::OverLimit } else { Code::Ok };
         let headers = if self.response_headers { response_headers(&statuses, &refusing) } else { Vec::new() };
+        let metadata = self.dynamic_metadata.then(|| dynamic_metadata(req, planned, outcomes, &statuses));
         RateLimitResponse {
             overall_code: overall as i32,
             statuses,
             response_headers_to_add: headers,
+            dynamic_metadata: metadata,
             ..Default::default()
         }
     }
@@ -513,6 +531,101 @@ fn count_hits(labels: &[(&'static str, String); 2], hits: u64, shadow: bool, ove
         (false, _) => names::WITHIN_LIMIT,
     };
     ::metrics::counter!(name, labels).increment(hits);
+}
+
+fn text(s: impl Into<String>) -> ProtoValue {
+    ProtoValue { kind: Some(Kind::StringValue(s.into())) }
+}
+
+fn number(n: u64) -> ProtoValue {
+    // structpb's numbers are doubles, as upstream sends them.
+    #[allow(clippy::cast_precision_loss)]
+    ProtoValue { kind: Some(Kind::NumberValue(n as f64)) }
+}
+
+fn list(values: Vec<ProtoValue>) -> ProtoValue {
+    ProtoValue { kind: Some(Kind::ListValue(ListValue { values })) }
+}
+
+/// Upstream's `RESPONSE_DYNAMIC_METADATA` (`ratelimitToMetadata`): the request's `domain`, its
+/// `descriptors` (each one's `entries` as `key=value`, its `limit` in protobuf's text format,
+/// its `hitsAddend`), the request's `hitsAddend` when set, and `metadata`: the merged
+/// `metadata` of each descriptor that a configured limit admitted (not an unlimited one, a
+/// request's own limit, nor one over its limit; a shadow-mode one over its limit admits).
+fn dynamic_metadata(
+    req: &RateLimitRequest,
+    planned: &[Planned<'_>],
+    outcomes: &[Outcome],
+    statuses: &[DescriptorStatus],
+) -> Struct {
+    let mut fields = std::collections::HashMap::new();
+    fields.insert("domain".to_owned(), text(&req.domain));
+    let descriptors = req
+        .descriptors
+        .iter()
+        .map(|d| {
+            let mut each = std::collections::HashMap::new();
+            let entries = d.entries.iter().map(|e| text(format!("{}={}", e.key, e.value))).collect();
+            each.insert("entries".to_owned(), list(entries));
+            if let Some(limit) = &d.limit {
+                each.insert("limit".to_owned(), text(override_text(limit.requests_per_unit, limit.unit)));
+            }
+            if let Some(hits) = &d.hits_addend {
+                each.insert("hitsAddend".to_owned(), number(hits.value));
+            }
+            ProtoValue { kind: Some(Kind::StructValue(Struct { fields: each })) }
+        })
+        .collect();
+    fields.insert("descriptors".to_owned(), list(descriptors));
+    if req.hits_addend != 0 {
+        fields.insert("hitsAddend".to_owned(), number(u64::from(req.hits_addend)));
+    }
+    let mut merged = Struct::default();
+    for ((p, outcome), status) in planned.iter().zip(outcomes).zip(statuses) {
+        let admitted = matches!(outcome, Outcome::Checked(_) | Outcome::Blocked(_))
+            && status.code != Code::OverLimit as i32;
+        if let Some(metadata) = p.metadata.filter(|_| admitted) {
+            merge(&mut merged, metadata);
+        }
+    }
+    if !merged.fields.is_empty() {
+        fields.insert("metadata".to_owned(), ProtoValue { kind: Some(Kind::StructValue(merged)) });
+    }
+    Struct { fields }
+}
+
+/// A `RateLimitOverride` as Go's protobuf `String()` writes it (its text format: fields at
+/// their default left out, the unit by name).
+fn override_text(requests_per_unit: u32, unit: i32) -> String {
+    let mut parts = Vec::new();
+    if requests_per_unit != 0 {
+        parts.push(format!("requests_per_unit:{requests_per_unit}"));
+    }
+    if unit != 0 {
+        match Unit::from_proto(unit) {
+            Some(u) => parts.push(format!("unit:{}", u.name().to_ascii_uppercase())),
+            None => parts.push(format!("unit:{unit}")),
+        }
+    }
+    parts.join(" ")
+}
+
+/// Upstream's `mergeMetadata`: keys of `from` missing in `into` are added; maps under one key
+/// in both are merged; otherwise the first descriptor's value stays.
+fn merge(into: &mut Struct, from: &Struct) {
+    for (key, value) in &from.fields {
+        match into.fields.get_mut(key) {
+            None => {
+                into.fields.insert(key.clone(), value.clone());
+            }
+            Some(ProtoValue { kind: Some(Kind::StructValue(mine)) }) => {
+                if let Some(Kind::StructValue(theirs)) = &value.kind {
+                    merge(mine, theirs);
+                }
+            }
+            Some(_) => {}
+        }
+    }
 }
 
 /// Upstream's `LIMIT_RESPONSE_HEADERS_ENABLED` headers, `RateLimit-Limit` (the limit),

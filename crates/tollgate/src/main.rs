@@ -181,6 +181,10 @@ struct ServeArgs {
     /// LIMIT_RESPONSE_HEADERS_ENABLED).
     #[arg(long, env = "TOLLGATE_ENVOY_RESPONSE_HEADERS")]
     envoy_response_headers: bool,
+    /// Envoy: send the request, and the YAML `metadata` of the descriptors that admitted it,
+    /// as the answer's dynamic metadata (upstream's RESPONSE_DYNAMIC_METADATA).
+    #[arg(long, env = "TOLLGATE_ENVOY_RESPONSE_DYNAMIC_METADATA")]
+    envoy_response_dynamic_metadata: bool,
     /// Envoy: a request one descriptor refuses is charged to none of its descriptors. By
     /// default each descriptor is charged when its own limit admits it, as upstream does.
     #[arg(long, env = "TOLLGATE_ENVOY_ALL_OR_NOTHING")]

@@ -279,6 +279,7 @@ fn start_envoy(args: &ServeArgs, limiter: Limiter) -> anyhow::Result<tollgate_en
     };
     Ok(tollgate_envoy::EnvoyService::new(limiter, domains)
         .with_response_headers(args.envoy_response_headers)
+        .with_dynamic_metadata(args.envoy_response_dynamic_metadata)
         .with_charging(match (args.envoy_all_or_nothing, args.envoy_stop_increment_when_over_limit) {
             (true, _) => tollgate_envoy::Charging::AllOrNothing,
             (_, true) => tollgate_envoy::Charging::StopWhenOverLimit,

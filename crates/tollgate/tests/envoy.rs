@@ -22,6 +22,7 @@ domain: edge
 descriptors:
   - key: remote_address
     rate_limit: {unit: hour, requests_per_unit: 2}
+    metadata: {owner: edge, nested: {a: 1}, tags: [x, 2]}
   - key: remote_address
     value: 50.0.0.5
     rate_limit: {unit: hour, requests_per_unit: 0}
@@ -37,10 +38,12 @@ descriptors:
   - key: path
     value: /health
     rate_limit: {unlimited: true}
+    metadata: {unlimited: never sent}
   - key: plan
     value: trial
     rate_limit: {unit: hour, requests_per_unit: 1}
     shadow_mode: true
+    metadata: {owner: trial, nested: {a: 9, b: true}}
   - key: user
     descriptors:
       - key: tier
@@ -740,7 +743,8 @@ async fn a_python_grpcio_client_speaks_the_same_wire() {
          or run scripts/test, which does",
         if std::env::var("CI").as_deref() == Ok("true") { " (CI=true)" } else { "" }
     );
-    let (_server, _client, dir, listen) = start_with(&["--envoy-response-headers"]).await;
+    let (_server, _client, dir, listen) =
+        start_with(&["--envoy-response-headers", "--envoy-response-dynamic-metadata"]).await;
     let out = dir.path().join("py");
     std::fs::create_dir_all(&out).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/envoy_wire.py");
@@ -758,4 +762,75 @@ async fn a_python_grpcio_client_speaks_the_same_wire() {
     let stdout = String::from_utf8_lossy(&result.stdout);
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(result.status.success() && stdout.trim() == "ok", "python client:\n{stdout}\n{stderr}");
+}
+
+/// A protobuf Struct as JSON, to compare whole.
+fn struct_json(s: &envoy_types::pb::google::protobuf::Struct) -> serde_json::Value {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    fn value(v: &envoy_types::pb::google::protobuf::Value) -> serde_json::Value {
+        match &v.kind {
+            None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
+            Some(Kind::NumberValue(n)) => serde_json::json!(n),
+            Some(Kind::StringValue(t)) => serde_json::json!(t),
+            Some(Kind::BoolValue(b)) => serde_json::json!(b),
+            Some(Kind::StructValue(s)) => struct_json(s),
+            Some(Kind::ListValue(l)) => l.values.iter().map(value).collect(),
+        }
+    }
+    s.fields.iter().map(|(k, v)| (k.clone(), value(v))).collect::<serde_json::Map<_, _>>().into()
+}
+
+#[tokio::test]
+async fn dynamic_metadata_carries_the_request_and_the_admitting_descriptors_metadata() {
+    let (server, mut client, _dir, _) = start_with(&["--envoy-response-dynamic-metadata"]).await;
+    let metadata = |r: envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        struct_json(r.dynamic_metadata.as_ref().expect("dynamic metadata"))
+    };
+    let req = || {
+        request(vec![
+            descriptor(&[("remote_address", "m1")]),
+            descriptor(&[("plan", "trial")]),
+            descriptor(&[("path", "/health")]),
+            with_hits(with_limit(descriptor(&[("k", "v")]), 5, Unit::Hour), 2),
+        ])
+    };
+    let r = client.should_rate_limit(req()).await.unwrap().into_inner();
+    assert_eq!(r.overall_code(), Code::Ok);
+    // Upstream's fields; the first descriptor's value wins, maps are merged; the unlimited
+    // descriptor and the request's own limit carry none.
+    assert_eq!(
+        metadata(r),
+        serde_json::json!({
+            "domain": "edge",
+            "descriptors": [
+                {"entries": ["remote_address=m1"]},
+                {"entries": ["plan=trial"]},
+                {"entries": ["path=/health"]},
+                {"entries": ["k=v"], "limit": "requests_per_unit:5 unit:HOUR", "hitsAddend": 2.0},
+            ],
+            "metadata": {"owner": "edge", "nested": {"a": 1.0, "b": true}, "tags": ["x", 2.0]},
+        })
+    );
+    // Over its limit, a descriptor's metadata is not sent; a shadow-mode one over its limit
+    // admits, and is (remote_address admits 2 an hour; plan=trial, in shadow mode, 1).
+    client.should_rate_limit(req()).await.unwrap();
+    let r = client.should_rate_limit(req()).await.unwrap().into_inner();
+    assert_eq!(r.statuses[0].code(), Code::OverLimit);
+    let m = metadata(r);
+    assert_eq!(m["metadata"], serde_json::json!({"owner": "trial", "nested": {"a": 9.0, "b": true}}));
+    assert!(m.get("hitsAddend").is_none(), "no hits_addend, none sent: {m}");
+    let mut three = request(vec![descriptor(&[("path", "/nowhere")])]);
+    three.hits_addend = 3;
+    let m = metadata(client.should_rate_limit(three).await.unwrap().into_inner());
+    assert_eq!(m["hitsAddend"], 3.0);
+    assert!(m.get("metadata").is_none(), "no descriptor with metadata admitted: {m}");
+    // POST /json answers it as protobuf's JSON mapping.
+    let body = serde_json::json!({"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "m2"}]}]});
+    let answer: serde_json::Value = server.post("/json", &body).await.json().await.unwrap();
+    assert_eq!(answer["dynamicMetadata"]["metadata"]["owner"], "edge", "{answer}");
+    assert_eq!(answer["dynamicMetadata"]["descriptors"][0]["entries"][0], "remote_address=m2");
+    // Off by default.
+    let (_plain, mut plain, _d, _) = start().await;
+    let r = plain.should_rate_limit(req()).await.unwrap().into_inner();
+    assert!(r.dynamic_metadata.is_none());
 }
