@@ -42,12 +42,73 @@ pub mod names {
     pub const TOTAL_HITS: &str = "tollgate_envoy_total_hits";
     /// Counter: hits refused.
     pub const OVER_LIMIT: &str = "tollgate_envoy_over_limit";
-    /// Counter: hits admitted with more than 80 % of a limit used.
+    /// Counter: hits admitted with more than the near-limit ratio of a limit used (upstream's
+    /// `NEAR_LIMIT_RATIO`, 0.8 by default).
     pub const NEAR_LIMIT: &str = "tollgate_envoy_near_limit";
     /// Counter: hits admitted.
     pub const WITHIN_LIMIT: &str = "tollgate_envoy_within_limit";
     /// Counter: hits a shadow-mode descriptor would have refused.
     pub const SHADOW_MODE: &str = "tollgate_envoy_shadow_mode";
+}
+
+/// The names of the rate-limit response headers (upstream's `LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER` and `LIMIT_RESET_HEADER`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderNames {
+    /// The limit's header, `RateLimit-Limit` by default.
+    pub limit: String,
+    /// What remains, `RateLimit-Remaining` by default.
+    pub remaining: String,
+    /// Seconds to the reset, `RateLimit-Reset` by default.
+    pub reset: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        HeaderNames {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
+}
+
+/// Longest response header name accepted.
+pub const MAX_HEADER_NAME_BYTES: usize = 128;
+
+/// `name` as a response header name: an HTTP token (what Envoy and the http crate accept) of
+/// at most [`MAX_HEADER_NAME_BYTES`], and none that would change how the response is framed or
+/// routed (`content-length`, `transfer-encoding`, `connection` and the other hop-by-hop
+/// headers, `host`), which Envoy would add to the client's response. Its case is kept.
+pub fn header_name(name: &str) -> Result<String, String> {
+    if name.is_empty() || name.len() > MAX_HEADER_NAME_BYTES {
+        return Err(format!("a header name is 1 to {MAX_HEADER_NAME_BYTES} bytes"));
+    }
+    let parsed = axum::http::HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("{name:?} is not a header name (letters, digits and !#$%&'*+-.^_`|~)"))?;
+    const FORBIDDEN: [&str; 9] = [
+        "connection",
+        "content-length",
+        "host",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ];
+    if FORBIDDEN.contains(&parsed.as_str()) {
+        return Err(format!("{name} would change how the response is framed or routed"));
+    }
+    Ok(name.to_owned())
+}
+
+/// `text` as upstream's `NEAR_LIMIT_RATIO`: a number above 0, at most 1.
+pub fn near_limit_ratio(text: &str) -> Result<f32, String> {
+    match text.trim().parse::<f32>() {
+        Ok(r) if r > 0.0 && r <= 1.0 => Ok(r),
+        _ => Err(format!("{text:?} is not a ratio above 0 and at most 1 (such as 0.8)")),
+    }
 }
 
 /// How the descriptors of one request are charged.
@@ -72,6 +133,8 @@ pub struct EnvoyService {
     limiter: Limiter,
     domains: Arc<ArcSwap<BTreeMap<String, Domain>>>,
     response_headers: bool,
+    header_names: Arc<HeaderNames>,
+    near_limit_ratio: f32,
     dynamic_metadata: bool,
     charging: Charging,
 }
@@ -94,6 +157,8 @@ impl EnvoyService {
             limiter,
             domains: Arc::new(ArcSwap::from_pointee(map)),
             response_headers: false,
+            header_names: Arc::default(),
+            near_limit_ratio: 0.8,
             dynamic_metadata: false,
             charging: Charging::Each,
         }
@@ -103,6 +168,19 @@ impl EnvoyService {
     /// descriptor closest to its limit (upstream's `LIMIT_RESPONSE_HEADERS_ENABLED`).
     pub fn with_response_headers(mut self, enabled: bool) -> Self {
         self.response_headers = enabled;
+        self
+    }
+
+    /// The response headers' names (see [`header_name`] for what is accepted).
+    pub fn with_header_names(mut self, names: HeaderNames) -> Self {
+        self.header_names = Arc::new(names);
+        self
+    }
+
+    /// Hits admitted with more than `ratio` of a limit used count as near the limit (upstream's
+    /// `NEAR_LIMIT_RATIO`, 0.8 by default; see [`near_limit_ratio`]).
+    pub fn with_near_limit_ratio(mut self, ratio: f32) -> Self {
+        self.near_limit_ratio = ratio;
         self
     }
 
@@ -320,6 +398,7 @@ fn answer(
     outcome: &Outcome,
     items: &[Item<'_, '_>],
     verdicts: &[Verdict],
+    ratio: f32,
 ) -> DescriptorStatus {
     match outcome {
         Outcome::Free => status(Code::Ok, None, 0, Duration::ZERO),
@@ -330,7 +409,7 @@ fn answer(
             let code = if p.shadow { Code::Ok } else { Code::OverLimit };
             status(code, Some(limit), 0, aligned_reset(limit.unit))
         }
-        Outcome::Checked(at) => descriptor_status(domain, &items[*at], &verdicts[*at]),
+        Outcome::Checked(at) => descriptor_status(domain, &items[*at], &verdicts[*at], ratio),
     }
 }
 
@@ -400,7 +479,7 @@ impl EnvoyService {
         let statuses = planned
             .iter()
             .zip(&outcomes)
-            .map(|(p, outcome)| answer(&req.domain, p, outcome, &items, &verdicts))
+            .map(|(p, outcome)| answer(&req.domain, p, outcome, &items, &verdicts, self.near_limit_ratio))
             .collect();
         Ok(self.response(&req, &planned, &outcomes, statuses))
     }
@@ -454,7 +533,10 @@ impl EnvoyService {
         }
         let over = failed > 0 || (quota_total > 0 && quota_total == quota_failed);
         let overall = if over { Code::OverLimit } else { Code::Ok };
-        let headers = if self.response_headers { response_headers(&statuses, &refusing) } else { Vec::new() };
+        let headers = match self.response_headers {
+            true => response_headers(&self.header_names, &statuses, &refusing),
+            false => Vec::new(),
+        };
         let metadata = self.dynamic_metadata.then(|| dynamic_metadata(req, planned, outcomes, &statuses));
         RateLimitResponse {
             overall_code: overall as i32,
@@ -504,11 +586,11 @@ impl EnvoyService {
 
 /// A checked descriptor's status; counts its hits in the metrics. Over the limit, nothing
 /// remains (upstream's answer), shadow mode or not.
-fn descriptor_status(domain: &str, item: &Item<'_, '_>, verdict: &Verdict) -> DescriptorStatus {
+fn descriptor_status(domain: &str, item: &Item<'_, '_>, verdict: &Verdict, ratio: f32) -> DescriptorStatus {
     let d = &verdict.decision;
     let p = item.planned;
     let over = item.impossible || !d.allowed();
-    count_hits(&labels(domain, p), p.hits, p.shadow, over, near(d));
+    count_hits(&labels(domain, p), p.hits, p.shadow, over, near(d, ratio));
     let code = if over && !p.shadow { Code::OverLimit } else { Code::Ok };
     let binding = d.rules().iter().position(|o| std::ptr::eq(o, d.binding())).unwrap_or(0);
     let limit = item.limited.get(binding).copied();
@@ -516,9 +598,14 @@ fn descriptor_status(domain: &str, item: &Item<'_, '_>, verdict: &Verdict) -> De
     status(code, limit, remaining, d.reset_after())
 }
 
-/// Upstream's near-limit test: more than 80 % of a limit used.
-fn near(d: &Decision) -> bool {
-    d.rules().iter().any(|o| o.remaining.saturating_mul(5) < o.limit)
+/// Upstream's near-limit test: more used than `floor(limit x ratio)`, computed in 32-bit floats
+/// as upstream computes it (`float32(limit) * NEAR_LIMIT_RATIO`).
+fn near(d: &Decision, ratio: f32) -> bool {
+    d.rules().iter().any(|o| {
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let threshold = (o.limit as f32 * ratio).floor() as u64;
+        o.limit.saturating_sub(o.remaining) > threshold
+    })
 }
 
 /// Upstream's hit counters: every hit, then shadow-mode, over, near or within.
@@ -632,7 +719,11 @@ fn merge(into: &mut Struct, from: &Struct) {
 /// `RateLimit-Remaining` and `RateLimit-Reset` (seconds, rounded up), for the descriptor
 /// closest to its limit: the last one refusing the request, else the limited one with the
 /// fewest remaining (the first of equals).
-fn response_headers(statuses: &[DescriptorStatus], refusing: &[bool]) -> Vec<HeaderValue> {
+fn response_headers(
+    names: &HeaderNames,
+    statuses: &[DescriptorStatus],
+    refusing: &[bool],
+) -> Vec<HeaderValue> {
     let limited = || statuses.iter().zip(refusing).filter(|(s, _)| s.current_limit.is_some());
     let chosen = match limited().rfind(|(_, refuses)| **refuses) {
         Some((s, _)) => s,
@@ -645,9 +736,9 @@ fn response_headers(statuses: &[DescriptorStatus], refusing: &[bool]) -> Vec<Hea
     let reset = chosen.duration_until_reset.as_ref().map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
     let header = |key: &str, value: String| HeaderValue { key: key.to_owned(), value, raw_value: Vec::new() };
     vec![
-        header("RateLimit-Limit", limit.to_string()),
-        header("RateLimit-Remaining", chosen.limit_remaining.to_string()),
-        header("RateLimit-Reset", reset.to_string()),
+        header(&names.limit, limit.to_string()),
+        header(&names.remaining, chosen.limit_remaining.to_string()),
+        header(&names.reset, reset.to_string()),
     ]
 }
 
@@ -671,6 +762,25 @@ mod tests {
         let mut other = entries.clone();
         other[15].1.push('!');
         assert_ne!(key, envoy_key("d", &other));
+    }
+
+    #[test]
+    fn header_names_are_tokens_that_leave_the_framing_alone() {
+        assert_eq!(header_name("X-RateLimit-Limit").unwrap(), "X-RateLimit-Limit", "case is kept");
+        for bad in ["", "with space", "colon:", "new\nline", "Content-Length", "transfer-encoding", "é"] {
+            assert!(header_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(header_name(&"x".repeat(MAX_HEADER_NAME_BYTES)).is_ok());
+        assert!(header_name(&"x".repeat(MAX_HEADER_NAME_BYTES + 1)).is_err());
+    }
+
+    #[test]
+    fn the_near_limit_ratio_is_above_zero_and_at_most_one() {
+        assert_eq!(near_limit_ratio("0.8"), Ok(0.8));
+        assert_eq!(near_limit_ratio("1"), Ok(1.0));
+        for bad in ["0", "-0.5", "1.01", "NaN", "inf", "", "eighty"] {
+            assert!(near_limit_ratio(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

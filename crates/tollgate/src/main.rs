@@ -181,6 +181,19 @@ struct ServeArgs {
     /// LIMIT_RESPONSE_HEADERS_ENABLED).
     #[arg(long, env = "TOLLGATE_ENVOY_RESPONSE_HEADERS")]
     envoy_response_headers: bool,
+    /// Envoy: the name of the limit header (upstream's LIMIT_LIMIT_HEADER).
+    #[arg(long, env = "TOLLGATE_ENVOY_LIMIT_HEADER", value_name = "NAME", default_value = "RateLimit-Limit", value_parser = tollgate_envoy::header_name)]
+    envoy_limit_header: String,
+    /// Envoy: the name of the remaining header (upstream's LIMIT_REMAINING_HEADER).
+    #[arg(long, env = "TOLLGATE_ENVOY_REMAINING_HEADER", value_name = "NAME", default_value = "RateLimit-Remaining", value_parser = tollgate_envoy::header_name)]
+    envoy_remaining_header: String,
+    /// Envoy: the name of the reset header (upstream's LIMIT_RESET_HEADER).
+    #[arg(long, env = "TOLLGATE_ENVOY_RESET_HEADER", value_name = "NAME", default_value = "RateLimit-Reset", value_parser = tollgate_envoy::header_name)]
+    envoy_reset_header: String,
+    /// Envoy: hits admitted with more than this share of a limit used count as near the limit
+    /// (the near_limit metric; upstream's NEAR_LIMIT_RATIO), above 0 and at most 1.
+    #[arg(long, env = "TOLLGATE_ENVOY_NEAR_LIMIT_RATIO", value_name = "RATIO", default_value = "0.8", value_parser = tollgate_envoy::near_limit_ratio)]
+    envoy_near_limit_ratio: f32,
     /// Envoy: send the request, and the YAML `metadata` of the descriptors that admitted it,
     /// as the answer's dynamic metadata (upstream's RESPONSE_DYNAMIC_METADATA).
     #[arg(long, env = "TOLLGATE_ENVOY_RESPONSE_DYNAMIC_METADATA")]

@@ -267,6 +267,16 @@ fn reloaded(config: &'static str, applied: Option<bool>) {
 /// The Envoy rate-limit service over `limiter`, with the domains of `--envoy-config` (none
 /// without it).
 fn start_envoy(args: &ServeArgs, limiter: Limiter) -> anyhow::Result<tollgate_envoy::EnvoyService> {
+    let names = [&args.envoy_limit_header, &args.envoy_remaining_header, &args.envoy_reset_header];
+    if names.iter().enumerate().any(|(i, a)| names[i + 1..].iter().any(|b| a.eq_ignore_ascii_case(b))) {
+        anyhow::bail!(
+            "--envoy-limit-header, --envoy-remaining-header and --envoy-reset-header must name three \
+             different headers (they are {}, {} and {})",
+            names[0],
+            names[1],
+            names[2]
+        );
+    }
     let domains = match &args.envoy_config {
         Some(path) => {
             let config = tollgate_envoy::load(path, args.envoy_merge_domains)?;
@@ -279,6 +289,12 @@ fn start_envoy(args: &ServeArgs, limiter: Limiter) -> anyhow::Result<tollgate_en
     };
     Ok(tollgate_envoy::EnvoyService::new(limiter, domains)
         .with_response_headers(args.envoy_response_headers)
+        .with_header_names(tollgate_envoy::HeaderNames {
+            limit: args.envoy_limit_header.clone(),
+            remaining: args.envoy_remaining_header.clone(),
+            reset: args.envoy_reset_header.clone(),
+        })
+        .with_near_limit_ratio(args.envoy_near_limit_ratio)
         .with_dynamic_metadata(args.envoy_response_dynamic_metadata)
         .with_charging(match (args.envoy_all_or_nothing, args.envoy_stop_increment_when_over_limit) {
             (true, _) => tollgate_envoy::Charging::AllOrNothing,

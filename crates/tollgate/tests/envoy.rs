@@ -834,3 +834,64 @@ async fn dynamic_metadata_carries_the_request_and_the_admitting_descriptors_meta
     let r = plain.should_rate_limit(req()).await.unwrap().into_inner();
     assert!(r.dynamic_metadata.is_none());
 }
+
+#[tokio::test]
+async fn header_names_and_the_near_limit_ratio_are_settings() {
+    let (server, mut client, _dir, _) = start_with(&[
+        "--envoy-response-headers",
+        "--envoy-limit-header",
+        "X-Edge-Limit",
+        "--envoy-remaining-header",
+        "x-edge-left",
+        "--envoy-reset-header",
+        "X-Edge-Reset",
+        "--envoy-near-limit-ratio",
+        "0.5",
+    ])
+    .await;
+    let req = || request(vec![descriptor(&[("path", "/api/near")])]);
+    let r = client.should_rate_limit(req()).await.unwrap().into_inner();
+    let keys: Vec<&str> = r.response_headers_to_add.iter().map(|h| h.key.as_str()).collect();
+    assert_eq!(keys, ["X-Edge-Limit", "x-edge-left", "X-Edge-Reset"], "the names as given, case kept");
+    assert_eq!(r.response_headers_to_add[0].value, "5");
+    // 5 an hour at 0.5: near past floor(2.5) = 2 used, so from the 3rd hit (0.8: the 5th).
+    let near = || server.metric("tollgate_envoy_near_limit");
+    client.should_rate_limit(req()).await.unwrap();
+    assert_eq!(near().await, 0.0);
+    client.should_rate_limit(req()).await.unwrap();
+    assert_eq!(near().await, 1.0);
+}
+
+#[test]
+fn bad_header_names_and_ratios_are_refused_naming_the_setting() {
+    let refused = |args: &[&str], env: &[(&str, &str)]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
+            .args(["--database", "sqlite::memory:"])
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} {env:?} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let long = "x".repeat(129);
+    for (flag, bad) in [
+        ("--envoy-limit-header", "Rate Limit"),
+        ("--envoy-remaining-header", "x:y"),
+        ("--envoy-reset-header", "Content-Length"),
+        ("--envoy-limit-header", long.as_str()),
+        ("--envoy-limit-header", ""),
+        ("--envoy-near-limit-ratio", "0"),
+        ("--envoy-near-limit-ratio", "1.5"),
+        ("--envoy-near-limit-ratio", "NaN"),
+    ] {
+        let e = refused(&[flag, bad], &[]);
+        assert!(e.contains(flag), "{flag} {bad:?}: {e}");
+    }
+    // From the environment, the flag is named too.
+    let e = refused(&[], &[("TOLLGATE_ENVOY_NEAR_LIMIT_RATIO", "-1")]);
+    assert!(e.contains("--envoy-near-limit-ratio"), "{e}");
+    let e = refused(&[], &[("TOLLGATE_ENVOY_RESET_HEADER", "ratelimit-limit")]);
+    assert!(e.contains("must name three different headers"), "{e}");
+}
