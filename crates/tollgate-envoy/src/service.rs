@@ -49,6 +49,9 @@ pub mod names {
     pub const WITHIN_LIMIT: &str = "tollgate_envoy_within_limit";
     /// Counter: hits a shadow-mode descriptor would have refused.
     pub const SHADOW_MODE: &str = "tollgate_envoy_shadow_mode";
+    /// Counter: requests over the limit answered OK by the global shadow mode (upstream's
+    /// `global_shadow_mode`).
+    pub const GLOBAL_SHADOW_MODE: &str = "tollgate_envoy_global_shadow_mode";
 }
 
 /// The names of the rate-limit response headers (upstream's `LIMIT_LIMIT_HEADER`,
@@ -136,6 +139,7 @@ pub struct EnvoyService {
     header_names: Arc<HeaderNames>,
     near_limit_ratio: f32,
     dynamic_metadata: bool,
+    global_shadow_mode: bool,
     charging: Charging,
 }
 
@@ -160,6 +164,7 @@ impl EnvoyService {
             header_names: Arc::default(),
             near_limit_ratio: 0.8,
             dynamic_metadata: false,
+            global_shadow_mode: false,
             charging: Charging::Each,
         }
     }
@@ -181,6 +186,15 @@ impl EnvoyService {
     /// `NEAR_LIMIT_RATIO`, 0.8 by default; see [`near_limit_ratio`]).
     pub fn with_near_limit_ratio(mut self, ratio: f32) -> Self {
         self.near_limit_ratio = ratio;
+        self
+    }
+
+    /// Every request answered OK overall, as upstream's `SHADOW_MODE`: the descriptors'
+    /// statuses, the headers, the metadata and the counting stay what they would be, only the
+    /// overall code of a refused request becomes OK (and is counted in
+    /// [`names::GLOBAL_SHADOW_MODE`]).
+    pub fn with_global_shadow_mode(mut self, enabled: bool) -> Self {
+        self.global_shadow_mode = enabled;
         self
     }
 
@@ -532,7 +546,10 @@ impl EnvoyService {
             }
         }
         let over = failed > 0 || (quota_total > 0 && quota_total == quota_failed);
-        let overall = if over { Code::OverLimit } else { Code::Ok };
+        if over && self.global_shadow_mode {
+            ::metrics::counter!(names::GLOBAL_SHADOW_MODE).increment(1);
+        }
+        let overall = if over && !self.global_shadow_mode { Code::OverLimit } else { Code::Ok };
         let headers = match self.response_headers {
             true => response_headers(&self.header_names, &statuses, &refusing),
             false => Vec::new(),

@@ -194,6 +194,10 @@ struct ServeArgs {
     /// (the near_limit metric; upstream's NEAR_LIMIT_RATIO), above 0 and at most 1.
     #[arg(long, env = "TOLLGATE_ENVOY_NEAR_LIMIT_RATIO", value_name = "RATIO", default_value = "0.8", value_parser = tollgate_envoy::near_limit_ratio)]
     envoy_near_limit_ratio: f32,
+    /// Envoy: answer every request OK overall, whatever its descriptors' statuses say, and
+    /// count those that would have been refused (upstream's SHADOW_MODE).
+    #[arg(long, env = "TOLLGATE_ENVOY_SHADOW_MODE")]
+    envoy_shadow_mode: bool,
     /// Envoy: send the request, and the YAML `metadata` of the descriptors that admitted it,
     /// as the answer's dynamic metadata (upstream's RESPONSE_DYNAMIC_METADATA).
     #[arg(long, env = "TOLLGATE_ENVOY_RESPONSE_DYNAMIC_METADATA")]

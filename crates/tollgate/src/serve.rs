@@ -295,6 +295,7 @@ fn start_envoy(args: &ServeArgs, limiter: Limiter) -> anyhow::Result<tollgate_en
             reset: args.envoy_reset_header.clone(),
         })
         .with_near_limit_ratio(args.envoy_near_limit_ratio)
+        .with_global_shadow_mode(args.envoy_shadow_mode)
         .with_dynamic_metadata(args.envoy_response_dynamic_metadata)
         .with_charging(match (args.envoy_all_or_nothing, args.envoy_stop_increment_when_over_limit) {
             (true, _) => tollgate_envoy::Charging::AllOrNothing,

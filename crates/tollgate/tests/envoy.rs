@@ -895,3 +895,37 @@ fn bad_header_names_and_ratios_are_refused_naming_the_setting() {
     let e = refused(&[], &[("TOLLGATE_ENVOY_RESET_HEADER", "ratelimit-limit")]);
     assert!(e.contains("must name three different headers"), "{e}");
 }
+
+#[tokio::test]
+async fn global_shadow_mode_answers_ok_and_keeps_the_statuses() {
+    let (server, mut client, _dir, _) =
+        start_with(&["--envoy-shadow-mode", "--envoy-response-headers", "--envoy-response-dynamic-metadata"])
+            .await;
+    // The block list: each status as without the shadow mode, only the overall code is OK.
+    let blocked =
+        request(vec![descriptor(&[("remote_address", "50.0.0.5")]), descriptor(&[("path", "/nowhere")])]);
+    let r = client.should_rate_limit(blocked).await.unwrap().into_inner();
+    assert_eq!(r.overall_code(), Code::Ok);
+    let each: Vec<(Code, u32)> = r.statuses.iter().map(|s| (s.code(), s.limit_remaining)).collect();
+    assert_eq!(each, [(Code::OverLimit, 0), (Code::Ok, 0)]);
+    let remaining = r.response_headers_to_add.iter().find(|h| h.key == "RateLimit-Remaining").unwrap();
+    assert_eq!(remaining.value, "0", "the headers say what was refused");
+    // A request's own limit of 0 too (upstream's code makes no exception for it).
+    let zero = request(vec![with_limit(descriptor(&[("k", "z")]), 0, Unit::Hour)]);
+    let r = client.should_rate_limit(zero).await.unwrap().into_inner();
+    assert_eq!((r.overall_code(), r.statuses[0].code()), (Code::Ok, Code::OverLimit));
+    // Counting goes on: the third hit of 2 an hour is over, and admitted.
+    let ip = || request(vec![descriptor(&[("remote_address", "gs")])]);
+    client.should_rate_limit(ip()).await.unwrap();
+    client.should_rate_limit(ip()).await.unwrap();
+    let r = client.should_rate_limit(ip()).await.unwrap().into_inner();
+    assert_eq!((r.overall_code(), r.statuses[0].code()), (Code::Ok, Code::OverLimit));
+    assert!(
+        !r.dynamic_metadata.unwrap().fields.contains_key("metadata"),
+        "a refused descriptor's metadata stays out"
+    );
+    assert_eq!(server.metric("tollgate_envoy_global_shadow_mode").await, 3.0);
+    // POST /json: 200.
+    let body = serde_json::json!({"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "gs"}]}]});
+    assert_eq!(server.post("/json", &body).await.status(), 200);
+}
