@@ -228,6 +228,49 @@ pub struct Domain {
     pub root: Node,
 }
 
+impl Domain {
+    /// The domain as upstream's `/rlconfig` prints it: a line per limit,
+    /// `<domain>.<key_value>...: unit=MINUTE requests_per_unit=10, shadow_mode: false,
+    /// quota_mode: false` (an unlimited limit's unit is `UNKNOWN` and its count 0), in the
+    /// order of the keys (upstream's is a Go map's, so any). A limit using Tollgate's
+    /// extensions ends with them: `, algorithm: gcra, window: 30s`.
+    pub fn dump(&self) -> String {
+        let mut lines = Vec::new();
+        dump_node(&self.root, &self.name, &mut lines);
+        lines.sort();
+        lines.concat()
+    }
+}
+
+fn dump_node(node: &Node, path: &str, lines: &mut Vec<String>) {
+    for (key, value, child) in node.children() {
+        let full = match value {
+            Some(v) => format!("{path}.{key}_{v}"),
+            None => format!("{path}.{key}"),
+        };
+        for l in &child.limits {
+            let unit = l.unit.map_or("UNKNOWN".to_owned(), |u| u.name().to_ascii_uppercase());
+            let mut line = format!(
+                "{full}: unit={unit} requests_per_unit={}, shadow_mode: {}, quota_mode: {}",
+                l.requests_per_unit, child.shadow_mode, child.quota_mode
+            );
+            if let (LimitKind::Rule(rule), Some(u)) = (&l.kind, l.unit) {
+                let algorithm = rule.algorithm();
+                if algorithm != tollgate_core::AlgorithmName::FixedWindow || l.window_secs != u.seconds() {
+                    line.push_str(&format!(
+                        ", algorithm: {}, window: {}s",
+                        algorithm.as_str(),
+                        l.window_secs
+                    ));
+                }
+            }
+            line.push('\n');
+            lines.push(line);
+        }
+        dump_node(child, &full, lines);
+    }
+}
+
 /// Why a file is not a valid configuration.
 #[derive(Debug, thiserror::Error)]
 #[error("{origin}: {message}")]
@@ -1027,6 +1070,24 @@ descriptors:
         let huge =
             format!("domain: d\ndescriptors:\n  - key: k\n    metadata: {{a: {}}}\n", "x".repeat(70_000));
         assert!(bad(&huge).contains("more than 65536"), "{}", bad(&huge));
+    }
+
+    #[test]
+    fn the_dump_prints_each_limit_as_upstream() {
+        let d = Domain::from_yaml(UPSTREAM, "t.yaml").unwrap();
+        let dump = d.dump();
+        for line in [
+            "edge.remote_address: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false\n",
+            "edge.path_/login: unit=MINUTE requests_per_unit=5, shadow_mode: false, quota_mode: false\n",
+            "edge.path_/health: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false\n",
+            "edge.user.plan_free: unit=DAY requests_per_unit=100, shadow_mode: true, quota_mode: false\n",
+            "edge.tenant_acme: unit=SECOND requests_per_unit=30, shadow_mode: false, quota_mode: false, algorithm: sliding_window_counter, window: 30s\n",
+            "edge.tenant_acme: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, algorithm: gcra, window: 60s\n",
+        ] {
+            assert!(dump.contains(line), "{line} missing from:\n{dump}");
+        }
+        assert_eq!(dump.lines().count(), 8, "one line per limit; user and plan have none:\n{dump}");
+        assert!(dump.lines().is_sorted(), "{dump}");
     }
 
     #[test]

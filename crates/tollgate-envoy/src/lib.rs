@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod json;
+pub mod ops;
 mod server;
 mod service;
 

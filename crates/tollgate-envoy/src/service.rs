@@ -220,6 +220,20 @@ impl EnvoyService {
         }
     }
 
+    /// Whether any domain is loaded.
+    pub fn has_domains(&self) -> bool {
+        !self.domains.load().is_empty()
+    }
+
+    /// The loaded domains as upstream's `/rlconfig` prints them, in name order.
+    pub fn dump(&self) -> String {
+        self.domains.load().values().map(Domain::dump).collect()
+    }
+
+    pub(crate) fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+
     /// Replaces the domains (a reload).
     pub fn replace_domains(&self, domains: Vec<Domain>) {
         self.domains.store(Arc::new(domains.into_iter().map(|d| (d.name.clone(), d)).collect()));

@@ -198,6 +198,15 @@ struct ServeArgs {
     /// count those that would have been refused (upstream's SHADOW_MODE).
     #[arg(long, env = "TOLLGATE_ENVOY_SHADOW_MODE")]
     envoy_shadow_mode: bool,
+    /// Envoy: GET /healthcheck asks the backend every time, and fails while it does not
+    /// answer (upstream's REDIS_HEALTH_CHECK_ACTIVE_CONNECTION); by default only until it
+    /// first answers.
+    #[arg(long, env = "TOLLGATE_ENVOY_HEALTH_CHECKS_BACKEND")]
+    envoy_health_checks_backend: bool,
+    /// Envoy: GET /healthcheck fails while no Envoy domain is loaded (upstream's
+    /// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
+    #[arg(long, env = "TOLLGATE_ENVOY_HEALTH_NEEDS_CONFIG")]
+    envoy_health_needs_config: bool,
     /// Envoy: send the request, and the YAML `metadata` of the descriptors that admitted it,
     /// as the answer's dynamic metadata (upstream's RESPONSE_DYNAMIC_METADATA).
     #[arg(long, env = "TOLLGATE_ENVOY_RESPONSE_DYNAMIC_METADATA")]

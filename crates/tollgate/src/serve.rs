@@ -165,7 +165,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .transpose()?;
     serve_grpc(&args, envoy.clone(), crate::listen::Limits { max_body: None, ..limits }).await?;
     let limiter = state.limiter().clone();
-    let app = tollgate_server::router_with(state, tollgate_envoy::json::router(envoy));
+    // Upstream's HTTP endpoints beside the API: /json, /healthcheck and /rlconfig.
+    let health =
+        tollgate_envoy::ops::Health::new(args.envoy_health_checks_backend, args.envoy_health_needs_config);
+    let envoy_http =
+        tollgate_envoy::json::router(envoy.clone()).merge(tollgate_envoy::ops::router(envoy, health));
+    let app = tollgate_server::router_with(state, envoy_http);
     serve_http(listener, app, limits).await;
     // Reserved units not admitted go back to the backend (see tollgate_limiter::reserve).
     limiter.shutdown().await;

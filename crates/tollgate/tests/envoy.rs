@@ -929,3 +929,46 @@ async fn global_shadow_mode_answers_ok_and_keeps_the_statuses() {
     let body = serde_json::json!({"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "gs"}]}]});
     assert_eq!(server.post("/json", &body).await.status(), 200);
 }
+
+#[tokio::test]
+async fn healthcheck_and_rlconfig_as_upstream_serves_them() {
+    let (server, _client, _dir, _) = start_with(&["--envoy-health-needs-config"]).await;
+    assert_eq!(server.get_text("/healthcheck").await, (200, "OK".into()));
+    let (code, dump) = server.get_text("/rlconfig").await;
+    assert_eq!(code, 200);
+    for line in [
+        "edge.remote_address: unit=HOUR requests_per_unit=2, shadow_mode: false, quota_mode: false\n",
+        "edge.remote_address_50.0.0.5: unit=HOUR requests_per_unit=0, shadow_mode: false, quota_mode: false\n",
+        "edge.path_/health: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false\n",
+        "edge.plan_trial: unit=HOUR requests_per_unit=1, shadow_mode: true, quota_mode: false\n",
+        "edge.user.tier_gold: unit=HOUR requests_per_unit=10, shadow_mode: false, quota_mode: false\n",
+        "edge.batch_nightly: unit=HOUR requests_per_unit=1, shadow_mode: false, quota_mode: true\n",
+    ] {
+        assert!(dump.contains(line), "{line} missing from:\n{dump}");
+    }
+    // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: no domain, unhealthy; without it, healthy.
+    let bare = Tollgate::start("", &["--envoy-health-needs-config"]).await;
+    assert_eq!(bare.get_text("/healthcheck").await.0, 500);
+    assert_eq!(bare.get_text("/rlconfig").await, (200, String::new()));
+
+    // The backend: unhealthy until it first answers; then, by default, healthy whatever it
+    // does (upstream's Redis component), or only while it answers with
+    // --envoy-health-checks-backend (upstream's REDIS_HEALTH_CHECK_ACTIVE_CONNECTION).
+    let port = tollgate_testkit::free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let default = Tollgate::start("", &["--redis", &url]).await;
+    let active = Tollgate::start("", &["--redis", &url, "--envoy-health-checks-backend"]).await;
+    assert_eq!(default.get_text("/healthcheck").await.0, 500);
+    assert_eq!(active.get_text("/healthcheck").await.0, 500);
+    let redis = tollgate_testkit::RedisServer::start_on(port);
+    for server in [&default, &active] {
+        let up =
+            eventually(Duration::from_secs(10), || async { server.get_text("/healthcheck").await.0 == 200 });
+        assert!(up.await, "{}", server.logs());
+    }
+    drop(redis);
+    let down =
+        eventually(Duration::from_secs(10), || async { active.get_text("/healthcheck").await.0 == 500 });
+    assert!(down.await, "{}", active.logs());
+    assert_eq!(default.get_text("/healthcheck").await, (200, "OK".into()));
+}
