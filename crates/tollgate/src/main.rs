@@ -11,6 +11,7 @@ mod listen;
 mod proxy;
 mod serve;
 mod simulate;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -174,6 +175,21 @@ struct ServeArgs {
     /// Address of the Envoy rate-limit gRPC service (envoy.service.ratelimit.v3).
     #[arg(long, env = "TOLLGATE_GRPC_LISTEN", value_name = "ADDR", default_value = "127.0.0.1:8081")]
     grpc_listen: SocketAddr,
+    /// TLS on the gRPC listener: the server's certificate chain, PEM (upstream's
+    /// GRPC_SERVER_USE_TLS with GRPC_SERVER_TLS_CERT).
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_CERT", value_name = "FILE", requires = "grpc_tls_key")]
+    grpc_tls_cert: Option<PathBuf>,
+    /// The private key of --grpc-tls-cert, PEM (upstream's GRPC_SERVER_TLS_KEY).
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_KEY", value_name = "FILE", requires = "grpc_tls_cert")]
+    grpc_tls_key: Option<PathBuf>,
+    /// Mutual TLS on the gRPC listener: clients must present a certificate issued by a CA of
+    /// this PEM file (upstream's GRPC_CLIENT_TLS_CACERT).
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_CLIENT_CA", value_name = "FILE", requires = "grpc_tls_cert")]
+    grpc_tls_client_ca: Option<PathBuf>,
+    /// With --grpc-tls-client-ca: the client's certificate must also be valid for this DNS
+    /// name (upstream's GRPC_CLIENT_TLS_SAN).
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_CLIENT_SAN", value_name = "NAME", requires = "grpc_tls_client_ca")]
+    grpc_tls_client_san: Option<String>,
     /// envoyproxy/ratelimit YAML configuration: a file, or a directory of *.yaml (one domain each).
     #[arg(long, env = "TOLLGATE_ENVOY_CONFIG", value_name = "PATH")]
     envoy_config: Option<PathBuf>,

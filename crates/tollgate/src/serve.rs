@@ -342,9 +342,23 @@ async fn serve_grpc(
     envoy: tollgate_envoy::EnvoyService,
     limits: crate::listen::Limits,
 ) -> anyhow::Result<()> {
+    let tls = match (&args.grpc_tls_cert, &args.grpc_tls_key) {
+        (Some(cert), Some(key)) => Some(crate::tls::acceptor(
+            cert,
+            key,
+            args.grpc_tls_client_ca.as_deref(),
+            args.grpc_tls_client_san.as_deref(),
+        )?),
+        _ => None,
+    };
     let grpc_listener = bind_listener(args.grpc_listen)
         .with_context(|| format!("cannot listen on {} (gRPC)", args.grpc_listen))?;
-    tracing::info!(address = %grpc_listener.local_addr()?, "Envoy rate-limit service (gRPC) is listening");
+    tracing::info!(
+        address = %grpc_listener.local_addr()?,
+        tls = tls.is_some(),
+        client_certificates = args.grpc_tls_client_ca.is_some(),
+        "Envoy rate-limit service (gRPC) is listening"
+    );
     // The standard gRPC health service: SERVING for "" and for the rate-limit service.
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<tollgate_envoy::EnvoyServer>().await;
@@ -354,7 +368,7 @@ async fn serve_grpc(
     let grpc = tonic::service::Routes::new(health_service)
         .add_service(tollgate_envoy::EnvoyServer::new(envoy))
         .into_axum_router();
-    tokio::spawn(crate::listen::serve(grpc_listener, grpc, limits, std::future::pending()));
+    tokio::spawn(crate::listen::serve(grpc_listener, grpc, limits, tls, std::future::pending()));
     Ok(())
 }
 
@@ -362,7 +376,7 @@ async fn serve_grpc(
 /// [`SHUTDOWN_GRACE`].
 async fn serve_http(listener: tokio::net::TcpListener, app: axum::Router, limits: crate::listen::Limits) {
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = crate::listen::serve(listener, app, limits, async move {
+    let server = crate::listen::serve(listener, app, limits, None, async move {
         shutdown_signal().await;
         tracing::info!("shutting down: no new connections; finishing requests in flight");
         let _ = signalled_tx.send(());
