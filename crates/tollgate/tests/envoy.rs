@@ -732,8 +732,9 @@ fn proto_dir() -> std::path::PathBuf {
     found.pop().unwrap_or_else(|| panic!("no envoy-types protos under {}", registry.display()))
 }
 
-#[tokio::test]
-async fn a_python_grpcio_client_speaks_the_same_wire() {
+/// Runs `tests/python/envoy_wire.py` against `listen` (over TLS trusting `ca` when given):
+/// Python grpcio, gRPC C-core underneath.
+async fn python_wire(dir: &std::path::Path, listen: String, ca: Option<std::path::PathBuf>) {
     // Debian's python3 with python3-grpcio and python3-grpc-tools (scripts/test installs them).
     let python = "/usr/bin/python3";
     let probe = std::process::Command::new(python).args(["-c", "import grpc, grpc_tools"]).output();
@@ -743,9 +744,7 @@ async fn a_python_grpcio_client_speaks_the_same_wire() {
          or run scripts/test, which does",
         if std::env::var("CI").as_deref() == Ok("true") { " (CI=true)" } else { "" }
     );
-    let (_server, _client, dir, listen) =
-        start_with(&["--envoy-response-headers", "--envoy-response-dynamic-metadata"]).await;
-    let out = dir.path().join("py");
+    let out = dir.join("py");
     std::fs::create_dir_all(&out).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/envoy_wire.py");
     let result = tokio::task::spawn_blocking(move || {
@@ -754,6 +753,7 @@ async fn a_python_grpcio_client_speaks_the_same_wire() {
             .arg(proto_dir())
             .arg(&listen)
             .arg(&out)
+            .args(ca)
             .output()
             .unwrap()
     })
@@ -762,6 +762,52 @@ async fn a_python_grpcio_client_speaks_the_same_wire() {
     let stdout = String::from_utf8_lossy(&result.stdout);
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(result.status.success() && stdout.trim() == "ok", "python client:\n{stdout}\n{stderr}");
+}
+
+#[tokio::test]
+async fn a_python_grpcio_client_speaks_the_same_wire() {
+    let (_server, _client, dir, listen) =
+        start_with(&["--envoy-response-headers", "--envoy-response-dynamic-metadata"]).await;
+    python_wire(dir.path(), listen, None).await;
+}
+
+#[tokio::test]
+async fn a_python_grpcio_client_speaks_the_same_wire_over_tls() {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let dir = tempfile::tempdir().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    // A name of its own: with rcgen's default name on both, OpenSSL takes the server's
+    // certificate for a self-signed one.
+    params.distinguished_name.push(rcgen::DnType::CommonName, "Tollgate test CA");
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["localhost".to_owned()]).unwrap().signed_by(&key, &ca).unwrap();
+    let path = |name: &str| dir.path().join(name);
+    std::fs::write(path("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(path("server.pem"), cert.pem()).unwrap();
+    std::fs::write(path("server.key"), key.serialize_pem()).unwrap();
+    std::fs::write(path("edge.yaml"), YAML).unwrap();
+    let listen = format!("127.0.0.1:{}", tollgate_testkit::free_port());
+    let (yaml, cert, key) = (path("edge.yaml"), path("server.pem"), path("server.key"));
+    let _server = Tollgate::start(
+        "",
+        &[
+            "--grpc-listen",
+            &listen,
+            "--envoy-config",
+            yaml.to_str().unwrap(),
+            "--envoy-response-headers",
+            "--envoy-response-dynamic-metadata",
+            "--grpc-tls-cert",
+            cert.to_str().unwrap(),
+            "--grpc-tls-key",
+            key.to_str().unwrap(),
+        ],
+    )
+    .await;
+    inside_window(3600, 5).await;
+    python_wire(dir.path(), listen, Some(path("ca.pem"))).await;
 }
 
 /// A protobuf Struct as JSON, to compare whole.

@@ -2,7 +2,8 @@
 same protos as the Rust side (the envoy-types crate's proto directory), to prove wire
 compatibility with another gRPC implementation.
 
-Usage: envoy_wire.py PROTO_DIR HOST:PORT OUT_DIR. Exits non-zero with a message on a mismatch.
+Usage: envoy_wire.py PROTO_DIR HOST:PORT OUT_DIR [CA_PEM]. With CA_PEM, over TLS, trusting that
+CA for the name localhost. Exits non-zero with a message on a mismatch.
 """
 
 import os
@@ -56,7 +57,12 @@ def descriptor(key, value, hits=None, override=None):
     return d
 
 
-channel = grpc.insecure_channel(address)
+if len(sys.argv) > 4:
+    with open(sys.argv[4], "rb") as f:
+        credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+    channel = grpc.secure_channel(address, credentials, options=[("grpc.ssl_target_name_override", "localhost")])
+else:
+    channel = grpc.insecure_channel(address)
 stub = rls_pb2_grpc.RateLimitServiceStub(channel)
 
 
