@@ -665,6 +665,10 @@ fn list(values: Vec<ProtoValue>) -> ProtoValue {
     ProtoValue { kind: Some(Kind::ListValue(ListValue { values })) }
 }
 
+/// Most bytes of descriptors' `metadata` merged into one answer (their encoded sizes added):
+/// past it, the metadata of the descriptors after is left out (upstream has no bound).
+pub const MAX_MERGED_METADATA_BYTES: usize = 256 * 1024;
+
 /// Upstream's `RESPONSE_DYNAMIC_METADATA` (`ratelimitToMetadata`): the request's `domain`, its
 /// `descriptors` (each one's `entries` as `key=value`, its `limit` in protobuf's text format,
 /// its `hitsAddend`), the request's `hitsAddend` when set, and `metadata`: the merged
@@ -699,10 +703,19 @@ fn dynamic_metadata(
         fields.insert("hitsAddend".to_owned(), number(u64::from(req.hits_addend)));
     }
     let mut merged = Struct::default();
+    let mut merged_bytes = 0;
     for ((p, outcome), status) in planned.iter().zip(outcomes).zip(statuses) {
         let admitted = matches!(outcome, Outcome::Checked(_) | Outcome::Blocked(_))
             && status.code != Code::OverLimit as i32;
         if let Some(metadata) = p.metadata.filter(|_| admitted) {
+            // A request naming many descriptors with large metadata (or one such descriptor
+            // many times) must not make its answer, and the work of merging, grow past this.
+            let bytes = prost::Message::encoded_len(metadata);
+            if merged_bytes + bytes > MAX_MERGED_METADATA_BYTES {
+                tracing::debug!(domain = %req.domain, "dynamic metadata over its bound: the rest left out");
+                break;
+            }
+            merged_bytes += bytes;
             merge(&mut merged, metadata);
         }
     }
@@ -812,6 +825,41 @@ mod tests {
         for bad in ["0", "-0.5", "1.01", "NaN", "inf", "", "eighty"] {
             assert!(near_limit_ratio(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn merged_metadata_is_bounded() {
+        use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    metadata: {{a: {}}}\n    rate_limit: {{unit: hour, requests_per_unit: 1000}}\n  - key: j\n    metadata: {{b: 1}}\n    rate_limit: {{unit: hour, requests_per_unit: 1000}}\n",
+            "x".repeat(60_000)
+        );
+        let domain = Domain::from_yaml(&yaml, "m.yaml").unwrap();
+        let descriptor = |key: &str| RateLimitDescriptor {
+            entries: vec![Entry { key: key.into(), value: "v".into() }],
+            ..Default::default()
+        };
+        // The big one five times (only four fit), then the small one: left out too.
+        let mut descriptors = vec![descriptor("k"); 5];
+        descriptors.push(descriptor("j"));
+        let req = RateLimitRequest { domain: "d".into(), descriptors, hits_addend: 0 };
+        let planned = plan(&req, Some(&domain));
+        let outcomes: Vec<Outcome> = (0..planned.len()).map(Outcome::Checked).collect();
+        let statuses = vec![status(Code::Ok, None, 0, Duration::ZERO); planned.len()];
+        let m = dynamic_metadata(&req, &planned, &outcomes, &statuses);
+        let Some(Kind::StructValue(merged)) = &m.fields["metadata"].kind else { panic!("metadata") };
+        assert!(
+            merged.fields.contains_key("a") && !merged.fields.contains_key("b"),
+            "{:?}",
+            merged.fields.keys()
+        );
+        // Without the big ones, the small one is sent.
+        let small =
+            RateLimitRequest { domain: "d".into(), descriptors: vec![descriptor("j")], hits_addend: 0 };
+        let planned = plan(&small, Some(&domain));
+        let m = dynamic_metadata(&small, &planned, &[Outcome::Checked(0)], &statuses[..1]);
+        let Some(Kind::StructValue(merged)) = &m.fields["metadata"].kind else { panic!("metadata") };
+        assert!(merged.fields.contains_key("b"));
     }
 
     #[test]
