@@ -18,12 +18,24 @@
 
 use std::collections::HashMap;
 
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{ListValue, Struct, Value as ProtoValue};
+use prost::Message as _;
 use serde::{Deserialize, Deserializer};
 use serde_yaml_ng::Value;
 use tollgate_core::{Period, Rule, RuleSet};
 
 /// Most descriptor levels a configuration nests.
 pub const MAX_DEPTH: usize = 16;
+
+/// Most levels of maps and lists in one descriptor's `metadata`. Each level is three protobuf
+/// messages deep in a response (Struct, map entry, Value), and protobuf decoders stop at 100
+/// (prost, gRPC C-core, Go): past about 30 levels Envoy could not even read the answer.
+pub const MAX_METADATA_DEPTH: usize = 16;
+
+/// Largest `metadata` of one descriptor, encoded. Every admitted request carries it (merged
+/// with the other descriptors'), so a file's typo cannot make each answer megabytes long.
+pub const MAX_METADATA_BYTES: usize = 64 * 1024;
 
 /// A time unit of upstream's `rate_limit.unit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,8 +194,9 @@ pub struct Node {
     pub value_to_metric: bool,
     /// Values matching this node's wildcard share one counter.
     pub share_threshold: bool,
-    /// Upstream's `metadata`, as written (accepted, not yet sent as dynamic metadata).
-    pub metadata: Option<Value>,
+    /// Upstream's `metadata`, as a protobuf Struct: sent in the response's dynamic metadata
+    /// when this node's limit admits a request (`None` when absent or empty).
+    pub metadata: Option<Struct>,
     /// The descriptor's `key` and `value` as written (empty for a domain's root).
     key: String,
     value: Option<String>,
@@ -213,6 +226,49 @@ pub struct Domain {
     pub name: String,
     /// Its tree's root (no limits of its own).
     pub root: Node,
+}
+
+impl Domain {
+    /// The domain as upstream's `/rlconfig` prints it: a line per limit,
+    /// `<domain>.<key_value>...: unit=MINUTE requests_per_unit=10, shadow_mode: false,
+    /// quota_mode: false` (an unlimited limit's unit is `UNKNOWN` and its count 0), in the
+    /// order of the keys (upstream's is a Go map's, so any). A limit using Tollgate's
+    /// extensions ends with them: `, algorithm: gcra, window: 30s`.
+    pub fn dump(&self) -> String {
+        let mut lines = Vec::new();
+        dump_node(&self.root, &self.name, &mut lines);
+        lines.sort();
+        lines.concat()
+    }
+}
+
+fn dump_node(node: &Node, path: &str, lines: &mut Vec<String>) {
+    for (key, value, child) in node.children() {
+        let full = match value {
+            Some(v) => format!("{path}.{key}_{v}"),
+            None => format!("{path}.{key}"),
+        };
+        for l in &child.limits {
+            let unit = l.unit.map_or("UNKNOWN".to_owned(), |u| u.name().to_ascii_uppercase());
+            let mut line = format!(
+                "{full}: unit={unit} requests_per_unit={}, shadow_mode: {}, quota_mode: {}",
+                l.requests_per_unit, child.shadow_mode, child.quota_mode
+            );
+            if let (LimitKind::Rule(rule), Some(u)) = (&l.kind, l.unit) {
+                let algorithm = rule.algorithm();
+                if algorithm != tollgate_core::AlgorithmName::FixedWindow || l.window_secs != u.seconds() {
+                    line.push_str(&format!(
+                        ", algorithm: {}, window: {}s",
+                        algorithm.as_str(),
+                        l.window_secs
+                    ));
+                }
+            }
+            line.push('\n');
+            lines.push(line);
+        }
+        dump_node(child, &full, lines);
+    }
 }
 
 /// Why a file is not a valid configuration.
@@ -482,6 +538,66 @@ fn scalar_text(v: &Value) -> String {
     }
 }
 
+/// A descriptor's `metadata` as upstream's `parseMetadata` makes it: a map (empty or null:
+/// none), each value as `structpb` holds it (numbers as doubles, maps with their keys as text,
+/// lists, strings, booleans, null), within [`MAX_METADATA_DEPTH`] and [`MAX_METADATA_BYTES`].
+fn metadata(yaml: &Value) -> Result<Option<Struct>, String> {
+    let refused = |why: String| format!("error parsing metadata: {why}");
+    let fields = match yaml {
+        Value::Null => return Ok(None),
+        Value::Mapping(map) => fields(map, 1).map_err(refused)?,
+        Value::Tagged(tagged) => return metadata(&tagged.value),
+        other => return Err(refused(format!("{} is not a map", scalar_text(other)))),
+    };
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let built = Struct { fields };
+    let bytes = built.encoded_len();
+    if bytes > MAX_METADATA_BYTES {
+        return Err(refused(format!("{bytes} bytes encoded, more than {MAX_METADATA_BYTES}")));
+    }
+    Ok(Some(built))
+}
+
+fn fields(
+    map: &serde_yaml_ng::Mapping,
+    depth: usize,
+) -> Result<std::collections::HashMap<String, ProtoValue>, String> {
+    if depth > MAX_METADATA_DEPTH {
+        return Err(format!("maps and lists nest deeper than {MAX_METADATA_DEPTH} levels"));
+    }
+    let mut out = std::collections::HashMap::with_capacity(map.len());
+    for (k, v) in map {
+        // Go's fmt.Sprintf("%v", key), as upstream's convertMap: any scalar key as its text.
+        let key = match k {
+            Value::Sequence(_) | Value::Mapping(_) => return Err("a key is a list or a map".into()),
+            other => scalar_text(other),
+        };
+        out.insert(key, proto_value(v, depth)?);
+    }
+    Ok(out)
+}
+
+fn proto_value(v: &Value, depth: usize) -> Result<ProtoValue, String> {
+    let kind = match v {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(*b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(f64::NAN)),
+        Value::String(s) => Kind::StringValue(s.clone()),
+        Value::Sequence(items) => {
+            if depth >= MAX_METADATA_DEPTH {
+                return Err(format!("maps and lists nest deeper than {MAX_METADATA_DEPTH} levels"));
+            }
+            let values = items.iter().map(|i| proto_value(i, depth + 1)).collect::<Result<_, _>>()?;
+            Kind::ListValue(ListValue { values })
+        }
+        Value::Mapping(map) => Kind::StructValue(Struct { fields: fields(map, depth + 1)? }),
+        Value::Tagged(tagged) => return proto_value(&tagged.value, depth),
+    };
+    Ok(ProtoValue { kind: Some(kind) })
+}
+
 // -------------------------------------------------------------------------------------------
 // Building the tree
 
@@ -586,7 +702,7 @@ fn node(path: &str, spec: &DescriptorSpec, joined: &str, depth: usize) -> Result
         detailed_metric: spec.detailed_metric,
         value_to_metric: spec.value_to_metric,
         share_threshold: spec.share_threshold,
-        metadata: spec.metadata.clone().filter(|m| !m.is_null()),
+        metadata: spec.metadata.as_ref().map(metadata).transpose().map_err(at)?.flatten(),
         ..Node::default()
     };
     let list = spec.rate_limits.as_deref().unwrap_or_default();
@@ -901,6 +1017,77 @@ descriptors:
         .unwrap();
         assert_eq!(d.name, "42");
         assert!(find(&d.root, &entries(&[("code", "007")])).is_some(), "007 stays 007");
+    }
+
+    #[test]
+    fn metadata_becomes_a_struct_as_upstream_builds_it() {
+        let d = Domain::from_yaml(
+            "domain: d\ndescriptors:\n  - key: k\n    metadata: {n: 3, f: 1.5, b: yes, t: true, s: text, z: null, 7: seven, l: [1, {x: y}]}\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: empty\n    metadata: {}\n",
+            "m.yaml",
+        )
+        .unwrap();
+        let node = find(&d.root, &entries(&[("k", "v")])).unwrap().node;
+        let m = node.metadata.as_ref().unwrap();
+        let kind = |k: &str| m.fields[k].kind.clone().unwrap();
+        assert_eq!(kind("n"), Kind::NumberValue(3.0), "numbers are doubles, as structpb holds them");
+        assert_eq!(kind("f"), Kind::NumberValue(1.5));
+        // YAML 1.2's booleans: `yes` stays text, where upstream's yaml.v2 (YAML 1.1) reads true.
+        assert_eq!(kind("b"), Kind::StringValue("yes".into()));
+        assert_eq!(kind("t"), Kind::BoolValue(true));
+        assert_eq!(kind("s"), Kind::StringValue("text".into()));
+        assert_eq!(kind("z"), Kind::NullValue(0));
+        assert_eq!(kind("7"), Kind::StringValue("seven".into()), "a key as its text");
+        let Kind::ListValue(list) = kind("l") else { panic!("a list") };
+        assert_eq!(list.values.len(), 2);
+        assert!(find(&d.root, &entries(&[("empty", "v")])).unwrap().node.metadata.is_none());
+    }
+
+    #[test]
+    fn metadata_that_no_client_could_read_is_refused() {
+        let bad = |yaml: &str| Domain::from_yaml(yaml, "b.yaml").unwrap_err().to_string();
+        let e = bad("domain: d\ndescriptors:\n  - key: k\n    metadata: 5\n");
+        assert!(e.contains("error parsing metadata: 5 is not a map (at 'd.k')"), "{e}");
+        // Nested deeper than a protobuf decoder reads: refused, where upstream would send it.
+        let deep = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    metadata: {}1{}\n",
+            "{a: ".repeat(17),
+            "}".repeat(17)
+        );
+        assert!(bad(&deep).contains("nest deeper than 16"), "{}", bad(&deep));
+        let lists = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    metadata: {{a: {}1{}}}\n",
+            "[".repeat(16),
+            "]".repeat(16)
+        );
+        assert!(bad(&lists).contains("nest deeper than 16"), "{}", bad(&lists));
+        let fine = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    metadata: {}1{}\n",
+            "{a: ".repeat(16),
+            "}".repeat(16)
+        );
+        Domain::from_yaml(&fine, "ok.yaml").unwrap();
+        // Sent in every answer: bounded.
+        let huge =
+            format!("domain: d\ndescriptors:\n  - key: k\n    metadata: {{a: {}}}\n", "x".repeat(70_000));
+        assert!(bad(&huge).contains("more than 65536"), "{}", bad(&huge));
+    }
+
+    #[test]
+    fn the_dump_prints_each_limit_as_upstream() {
+        let d = Domain::from_yaml(UPSTREAM, "t.yaml").unwrap();
+        let dump = d.dump();
+        for line in [
+            "edge.remote_address: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false\n",
+            "edge.path_/login: unit=MINUTE requests_per_unit=5, shadow_mode: false, quota_mode: false\n",
+            "edge.path_/health: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false\n",
+            "edge.user.plan_free: unit=DAY requests_per_unit=100, shadow_mode: true, quota_mode: false\n",
+            "edge.tenant_acme: unit=SECOND requests_per_unit=30, shadow_mode: false, quota_mode: false, algorithm: sliding_window_counter, window: 30s\n",
+            "edge.tenant_acme: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, algorithm: gcra, window: 60s\n",
+        ] {
+            assert!(dump.contains(line), "{line} missing from:\n{dump}");
+        }
+        assert_eq!(dump.lines().count(), 8, "one line per limit; user and plan have none:\n{dump}");
+        assert!(dump.lines().is_sorted(), "{dump}");
     }
 
     #[test]

@@ -18,7 +18,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, rate_limit::Unit as ProtoUnit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Struct, UInt64Value, Value as ProtoValue};
 use serde::{Deserialize, Serialize};
 
 use crate::EnvoyService;
@@ -148,6 +149,43 @@ pub struct JsonResponse {
     statuses: Vec<JsonStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     response_headers_to_add: Vec<JsonHeader>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dynamic_metadata: Option<JsonStruct>,
+}
+
+/// A protobuf `Struct` in protobuf's JSON mapping: an object.
+#[derive(Debug)]
+pub struct JsonStruct(Struct);
+
+/// A protobuf `Value`: its JSON value (a number that JSON cannot hold, NaN or an infinity, as
+/// protobuf's JSON mapping has none, is `null`).
+struct JsonValue<'a>(&'a ProtoValue);
+
+impl Serialize for JsonStruct {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // Keys sorted, so that the answer reads the same every time.
+        let sorted: std::collections::BTreeMap<&String, JsonValue<'_>> =
+            self.0.fields.iter().map(|(k, v)| (k, JsonValue(v))).collect();
+        sorted.serialize(s)
+    }
+}
+
+impl Serialize for JsonValue<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match &self.0.kind {
+            None | Some(Kind::NullValue(_)) => s.serialize_none(),
+            Some(Kind::NumberValue(n)) if n.is_finite() => s.serialize_f64(*n),
+            Some(Kind::NumberValue(_)) => s.serialize_none(),
+            Some(Kind::StringValue(t)) => s.serialize_str(t),
+            Some(Kind::BoolValue(b)) => s.serialize_bool(*b),
+            Some(Kind::StructValue(st)) => {
+                let sorted: std::collections::BTreeMap<&String, JsonValue<'_>> =
+                    st.fields.iter().map(|(k, v)| (k, JsonValue(v))).collect();
+                sorted.serialize(s)
+            }
+            Some(Kind::ListValue(l)) => s.collect_seq(l.values.iter().map(JsonValue)),
+        }
+    }
 }
 
 impl From<RateLimitResponse> for JsonResponse {
@@ -180,6 +218,7 @@ impl From<RateLimitResponse> for JsonResponse {
                 .into_iter()
                 .map(|h| JsonHeader { key: h.key, value: h.value })
                 .collect(),
+            dynamic_metadata: r.dynamic_metadata.map(JsonStruct),
         }
     }
 }

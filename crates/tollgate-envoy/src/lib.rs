@@ -7,12 +7,16 @@
 
 pub mod config;
 pub mod json;
+pub mod ops;
 mod server;
 mod service;
 
 pub use config::{Config, Domain, EnvoyConfigError};
 pub use server::EnvoyServer;
-pub use service::{Charging, EnvoyService, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT_BYTES, names as metrics};
+pub use service::{
+    Charging, EnvoyService, HeaderNames, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_HEADER_NAME_BYTES,
+    MAX_MERGED_METADATA_BYTES, MAX_TEXT_BYTES, header_name, names as metrics, near_limit_ratio,
+};
 
 use std::path::{Path, PathBuf};
 

@@ -19,6 +19,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{ListValue, Struct, Value as ProtoValue};
 use tollgate_core::{Decision, Error as CoreError, Rule, RuleSet};
 use tollgate_limiter::keyspace::envoy_key;
 use tollgate_limiter::{Check, LimitError, Limiter, Mode, Policy, Reserve, Verdict};
@@ -40,12 +42,76 @@ pub mod names {
     pub const TOTAL_HITS: &str = "tollgate_envoy_total_hits";
     /// Counter: hits refused.
     pub const OVER_LIMIT: &str = "tollgate_envoy_over_limit";
-    /// Counter: hits admitted with more than 80 % of a limit used.
+    /// Counter: hits admitted with more than the near-limit ratio of a limit used (upstream's
+    /// `NEAR_LIMIT_RATIO`, 0.8 by default).
     pub const NEAR_LIMIT: &str = "tollgate_envoy_near_limit";
     /// Counter: hits admitted.
     pub const WITHIN_LIMIT: &str = "tollgate_envoy_within_limit";
     /// Counter: hits a shadow-mode descriptor would have refused.
     pub const SHADOW_MODE: &str = "tollgate_envoy_shadow_mode";
+    /// Counter: requests over the limit answered OK by the global shadow mode (upstream's
+    /// `global_shadow_mode`).
+    pub const GLOBAL_SHADOW_MODE: &str = "tollgate_envoy_global_shadow_mode";
+}
+
+/// The names of the rate-limit response headers (upstream's `LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER` and `LIMIT_RESET_HEADER`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderNames {
+    /// The limit's header, `RateLimit-Limit` by default.
+    pub limit: String,
+    /// What remains, `RateLimit-Remaining` by default.
+    pub remaining: String,
+    /// Seconds to the reset, `RateLimit-Reset` by default.
+    pub reset: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        HeaderNames {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
+}
+
+/// Longest response header name accepted.
+pub const MAX_HEADER_NAME_BYTES: usize = 128;
+
+/// `name` as a response header name: an HTTP token (what Envoy and the http crate accept) of
+/// at most [`MAX_HEADER_NAME_BYTES`], and none that would change how the response is framed or
+/// routed (`content-length`, `transfer-encoding`, `connection` and the other hop-by-hop
+/// headers, `host`), which Envoy would add to the client's response. Its case is kept.
+pub fn header_name(name: &str) -> Result<String, String> {
+    if name.is_empty() || name.len() > MAX_HEADER_NAME_BYTES {
+        return Err(format!("a header name is 1 to {MAX_HEADER_NAME_BYTES} bytes"));
+    }
+    let parsed = axum::http::HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("{name:?} is not a header name (letters, digits and !#$%&'*+-.^_`|~)"))?;
+    const FORBIDDEN: [&str; 9] = [
+        "connection",
+        "content-length",
+        "host",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ];
+    if FORBIDDEN.contains(&parsed.as_str()) {
+        return Err(format!("{name} would change how the response is framed or routed"));
+    }
+    Ok(name.to_owned())
+}
+
+/// `text` as upstream's `NEAR_LIMIT_RATIO`: a number above 0, at most 1.
+pub fn near_limit_ratio(text: &str) -> Result<f32, String> {
+    match text.trim().parse::<f32>() {
+        Ok(r) if r > 0.0 && r <= 1.0 => Ok(r),
+        _ => Err(format!("{text:?} is not a ratio above 0 and at most 1 (such as 0.8)")),
+    }
 }
 
 /// How the descriptors of one request are charged.
@@ -70,6 +136,10 @@ pub struct EnvoyService {
     limiter: Limiter,
     domains: Arc<ArcSwap<BTreeMap<String, Domain>>>,
     response_headers: bool,
+    header_names: Arc<HeaderNames>,
+    near_limit_ratio: f32,
+    dynamic_metadata: bool,
+    global_shadow_mode: bool,
     charging: Charging,
     reserve: Reserve,
 }
@@ -92,6 +162,10 @@ impl EnvoyService {
             limiter,
             domains: Arc::new(ArcSwap::from_pointee(map)),
             response_headers: false,
+            header_names: Arc::default(),
+            near_limit_ratio: 0.8,
+            dynamic_metadata: false,
+            global_shadow_mode: false,
             charging: Charging::Each,
             reserve: Reserve::Off,
         }
@@ -111,6 +185,35 @@ impl EnvoyService {
         self
     }
 
+    /// The response headers' names (see [`header_name`] for what is accepted).
+    pub fn with_header_names(mut self, names: HeaderNames) -> Self {
+        self.header_names = Arc::new(names);
+        self
+    }
+
+    /// Hits admitted with more than `ratio` of a limit used count as near the limit (upstream's
+    /// `NEAR_LIMIT_RATIO`, 0.8 by default; see [`near_limit_ratio`]).
+    pub fn with_near_limit_ratio(mut self, ratio: f32) -> Self {
+        self.near_limit_ratio = ratio;
+        self
+    }
+
+    /// Every request answered OK overall, as upstream's `SHADOW_MODE`: the descriptors'
+    /// statuses, the headers, the metadata and the counting stay what they would be, only the
+    /// overall code of a refused request becomes OK (and is counted in
+    /// [`names::GLOBAL_SHADOW_MODE`]).
+    pub fn with_global_shadow_mode(mut self, enabled: bool) -> Self {
+        self.global_shadow_mode = enabled;
+        self
+    }
+
+    /// With the request and the `metadata` of the descriptors that admitted it in the
+    /// response's `dynamic_metadata` (upstream's `RESPONSE_DYNAMIC_METADATA`).
+    pub fn with_dynamic_metadata(mut self, enabled: bool) -> Self {
+        self.dynamic_metadata = enabled;
+        self
+    }
+
     /// How a request's descriptors are charged (by default each on its own, as upstream).
     pub fn with_charging(mut self, charging: Charging) -> Self {
         self.charging = charging;
@@ -124,6 +227,20 @@ impl EnvoyService {
             Charging::AllOrNothing => p.enforced(),
             Charging::StopWhenOverLimit => true,
         }
+    }
+
+    /// Whether any domain is loaded.
+    pub fn has_domains(&self) -> bool {
+        !self.domains.load().is_empty()
+    }
+
+    /// The loaded domains as upstream's `/rlconfig` prints them, in name order.
+    pub fn dump(&self) -> String {
+        self.domains.load().values().map(Domain::dump).collect()
+    }
+
+    pub(crate) fn limiter(&self) -> &Limiter {
+        &self.limiter
     }
 
     /// Replaces the domains (a reload).
@@ -144,6 +261,8 @@ struct Planned<'a> {
     hits: u64,
     /// Per entry, the wildcard its value is counted under (`share_threshold`).
     shared: Vec<Option<&'a str>>,
+    /// The matched node's `metadata` (none for a request's own limit, as upstream).
+    metadata: Option<&'a Struct>,
 }
 
 impl Planned<'_> {
@@ -194,6 +313,7 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
         hits,
         shared: vec![None; entries.len()],
         entries,
+        metadata: None,
     };
     // An unknown domain limits nothing, the request's own limit included (upstream's rule).
     let Some(domain) = domain else { return planned };
@@ -223,6 +343,7 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
         planned.quota = m.node.quota_mode;
         planned.detailed = m.node.detailed_metric;
         planned.shared = m.shared;
+        planned.metadata = m.node.metadata.as_ref();
     }
     planned
 }
@@ -314,6 +435,7 @@ fn answer(
     outcome: &Outcome,
     items: &[Item<'_, '_>],
     verdicts: &[Verdict],
+    ratio: f32,
 ) -> DescriptorStatus {
     match outcome {
         Outcome::Free => status(Code::Ok, None, 0, Duration::ZERO),
@@ -324,7 +446,7 @@ fn answer(
             let code = if p.shadow { Code::Ok } else { Code::OverLimit };
             status(code, Some(limit), 0, aligned_reset(limit.unit))
         }
-        Outcome::Checked(at) => descriptor_status(domain, &items[*at], &verdicts[*at]),
+        Outcome::Checked(at) => descriptor_status(domain, &items[*at], &verdicts[*at], ratio),
     }
 }
 
@@ -398,9 +520,9 @@ impl EnvoyService {
         let statuses = planned
             .iter()
             .zip(&outcomes)
-            .map(|(p, outcome)| answer(&req.domain, p, outcome, &items, &verdicts))
+            .map(|(p, outcome)| answer(&req.domain, p, outcome, &items, &verdicts, self.near_limit_ratio))
             .collect();
-        Ok(self.response(&planned, &outcomes, statuses))
+        Ok(self.response(&req, &planned, &outcomes, statuses))
     }
 
     /// Each descriptor's [`Outcome`], and the checks of those the backend decides. `blocked`:
@@ -432,6 +554,7 @@ impl EnvoyService {
     /// is, or when every quota-mode one is (upstream's rule); with the headers, when asked for.
     fn response(
         &self,
+        req: &RateLimitRequest,
         planned: &[Planned<'_>],
         outcomes: &[Outcome],
         statuses: Vec<DescriptorStatus>,
@@ -451,12 +574,20 @@ impl EnvoyService {
             }
         }
         let over = failed > 0 || (quota_total > 0 && quota_total == quota_failed);
-        let overall = if over { Code::OverLimit } else { Code::Ok };
-        let headers = if self.response_headers { response_headers(&statuses, &refusing) } else { Vec::new() };
+        if over && self.global_shadow_mode {
+            ::metrics::counter!(names::GLOBAL_SHADOW_MODE).increment(1);
+        }
+        let overall = if over && !self.global_shadow_mode { Code::OverLimit } else { Code::Ok };
+        let headers = match self.response_headers {
+            true => response_headers(&self.header_names, &statuses, &refusing),
+            false => Vec::new(),
+        };
+        let metadata = self.dynamic_metadata.then(|| dynamic_metadata(req, planned, outcomes, &statuses));
         RateLimitResponse {
             overall_code: overall as i32,
             statuses,
             response_headers_to_add: headers,
+            dynamic_metadata: metadata,
             ..Default::default()
         }
     }
@@ -500,11 +631,11 @@ impl EnvoyService {
 
 /// A checked descriptor's status; counts its hits in the metrics. Over the limit, nothing
 /// remains (upstream's answer), shadow mode or not.
-fn descriptor_status(domain: &str, item: &Item<'_, '_>, verdict: &Verdict) -> DescriptorStatus {
+fn descriptor_status(domain: &str, item: &Item<'_, '_>, verdict: &Verdict, ratio: f32) -> DescriptorStatus {
     let d = &verdict.decision;
     let p = item.planned;
     let over = item.impossible || !d.allowed();
-    count_hits(&labels(domain, p), p.hits, p.shadow, over, near(d));
+    count_hits(&labels(domain, p), p.hits, p.shadow, over, near(d, ratio));
     let code = if over && !p.shadow { Code::OverLimit } else { Code::Ok };
     let binding = d.rules().iter().position(|o| std::ptr::eq(o, d.binding())).unwrap_or(0);
     let limit = item.limited.get(binding).copied();
@@ -512,9 +643,14 @@ fn descriptor_status(domain: &str, item: &Item<'_, '_>, verdict: &Verdict) -> De
     status(code, limit, remaining, d.reset_after())
 }
 
-/// Upstream's near-limit test: more than 80 % of a limit used.
-fn near(d: &Decision) -> bool {
-    d.rules().iter().any(|o| o.remaining.saturating_mul(5) < o.limit)
+/// Upstream's near-limit test: more used than `floor(limit x ratio)`, computed in 32-bit floats
+/// as upstream computes it (`float32(limit) * NEAR_LIMIT_RATIO`).
+fn near(d: &Decision, ratio: f32) -> bool {
+    d.rules().iter().any(|o| {
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let threshold = (o.limit as f32 * ratio).floor() as u64;
+        o.limit.saturating_sub(o.remaining) > threshold
+    })
 }
 
 /// Upstream's hit counters: every hit, then shadow-mode, over, near or within.
@@ -529,11 +665,123 @@ fn count_hits(labels: &[(&'static str, String); 2], hits: u64, shadow: bool, ove
     ::metrics::counter!(name, labels).increment(hits);
 }
 
+fn text(s: impl Into<String>) -> ProtoValue {
+    ProtoValue { kind: Some(Kind::StringValue(s.into())) }
+}
+
+fn number(n: u64) -> ProtoValue {
+    // structpb's numbers are doubles, as upstream sends them.
+    #[allow(clippy::cast_precision_loss)]
+    ProtoValue { kind: Some(Kind::NumberValue(n as f64)) }
+}
+
+fn list(values: Vec<ProtoValue>) -> ProtoValue {
+    ProtoValue { kind: Some(Kind::ListValue(ListValue { values })) }
+}
+
+/// Most bytes of descriptors' `metadata` merged into one answer (their encoded sizes added):
+/// past it, the metadata of the descriptors after is left out (upstream has no bound).
+pub const MAX_MERGED_METADATA_BYTES: usize = 256 * 1024;
+
+/// Upstream's `RESPONSE_DYNAMIC_METADATA` (`ratelimitToMetadata`): the request's `domain`, its
+/// `descriptors` (each one's `entries` as `key=value`, its `limit` in protobuf's text format,
+/// its `hitsAddend`), the request's `hitsAddend` when set, and `metadata`: the merged
+/// `metadata` of each descriptor that a configured limit admitted (not an unlimited one, a
+/// request's own limit, nor one over its limit; a shadow-mode one over its limit admits).
+fn dynamic_metadata(
+    req: &RateLimitRequest,
+    planned: &[Planned<'_>],
+    outcomes: &[Outcome],
+    statuses: &[DescriptorStatus],
+) -> Struct {
+    let mut fields = std::collections::HashMap::new();
+    fields.insert("domain".to_owned(), text(&req.domain));
+    let descriptors = req
+        .descriptors
+        .iter()
+        .map(|d| {
+            let mut each = std::collections::HashMap::new();
+            let entries = d.entries.iter().map(|e| text(format!("{}={}", e.key, e.value))).collect();
+            each.insert("entries".to_owned(), list(entries));
+            if let Some(limit) = &d.limit {
+                each.insert("limit".to_owned(), text(override_text(limit.requests_per_unit, limit.unit)));
+            }
+            if let Some(hits) = &d.hits_addend {
+                each.insert("hitsAddend".to_owned(), number(hits.value));
+            }
+            ProtoValue { kind: Some(Kind::StructValue(Struct { fields: each })) }
+        })
+        .collect();
+    fields.insert("descriptors".to_owned(), list(descriptors));
+    if req.hits_addend != 0 {
+        fields.insert("hitsAddend".to_owned(), number(u64::from(req.hits_addend)));
+    }
+    let mut merged = Struct::default();
+    let mut merged_bytes = 0;
+    for ((p, outcome), status) in planned.iter().zip(outcomes).zip(statuses) {
+        let admitted = matches!(outcome, Outcome::Checked(_) | Outcome::Blocked(_))
+            && status.code != Code::OverLimit as i32;
+        if let Some(metadata) = p.metadata.filter(|_| admitted) {
+            // A request naming many descriptors with large metadata (or one such descriptor
+            // many times) must not make its answer, and the work of merging, grow past this.
+            let bytes = prost::Message::encoded_len(metadata);
+            if merged_bytes + bytes > MAX_MERGED_METADATA_BYTES {
+                tracing::debug!(domain = %req.domain, "dynamic metadata over its bound: the rest left out");
+                break;
+            }
+            merged_bytes += bytes;
+            merge(&mut merged, metadata);
+        }
+    }
+    if !merged.fields.is_empty() {
+        fields.insert("metadata".to_owned(), ProtoValue { kind: Some(Kind::StructValue(merged)) });
+    }
+    Struct { fields }
+}
+
+/// A `RateLimitOverride` as Go's protobuf `String()` writes it (its text format: fields at
+/// their default left out, the unit by name).
+fn override_text(requests_per_unit: u32, unit: i32) -> String {
+    let mut parts = Vec::new();
+    if requests_per_unit != 0 {
+        parts.push(format!("requests_per_unit:{requests_per_unit}"));
+    }
+    if unit != 0 {
+        match Unit::from_proto(unit) {
+            Some(u) => parts.push(format!("unit:{}", u.name().to_ascii_uppercase())),
+            None => parts.push(format!("unit:{unit}")),
+        }
+    }
+    parts.join(" ")
+}
+
+/// Upstream's `mergeMetadata`: keys of `from` missing in `into` are added; maps under one key
+/// in both are merged; otherwise the first descriptor's value stays.
+fn merge(into: &mut Struct, from: &Struct) {
+    for (key, value) in &from.fields {
+        match into.fields.get_mut(key) {
+            None => {
+                into.fields.insert(key.clone(), value.clone());
+            }
+            Some(ProtoValue { kind: Some(Kind::StructValue(mine)) }) => {
+                if let Some(Kind::StructValue(theirs)) = &value.kind {
+                    merge(mine, theirs);
+                }
+            }
+            Some(_) => {}
+        }
+    }
+}
+
 /// Upstream's `LIMIT_RESPONSE_HEADERS_ENABLED` headers, `RateLimit-Limit` (the limit),
 /// `RateLimit-Remaining` and `RateLimit-Reset` (seconds, rounded up), for the descriptor
 /// closest to its limit: the last one refusing the request, else the limited one with the
 /// fewest remaining (the first of equals).
-fn response_headers(statuses: &[DescriptorStatus], refusing: &[bool]) -> Vec<HeaderValue> {
+fn response_headers(
+    names: &HeaderNames,
+    statuses: &[DescriptorStatus],
+    refusing: &[bool],
+) -> Vec<HeaderValue> {
     let limited = || statuses.iter().zip(refusing).filter(|(s, _)| s.current_limit.is_some());
     let chosen = match limited().rfind(|(_, refuses)| **refuses) {
         Some((s, _)) => s,
@@ -546,9 +794,9 @@ fn response_headers(statuses: &[DescriptorStatus], refusing: &[bool]) -> Vec<Hea
     let reset = chosen.duration_until_reset.as_ref().map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
     let header = |key: &str, value: String| HeaderValue { key: key.to_owned(), value, raw_value: Vec::new() };
     vec![
-        header("RateLimit-Limit", limit.to_string()),
-        header("RateLimit-Remaining", chosen.limit_remaining.to_string()),
-        header("RateLimit-Reset", reset.to_string()),
+        header(&names.limit, limit.to_string()),
+        header(&names.remaining, chosen.limit_remaining.to_string()),
+        header(&names.reset, reset.to_string()),
     ]
 }
 
@@ -572,6 +820,60 @@ mod tests {
         let mut other = entries.clone();
         other[15].1.push('!');
         assert_ne!(key, envoy_key("d", &other));
+    }
+
+    #[test]
+    fn header_names_are_tokens_that_leave_the_framing_alone() {
+        assert_eq!(header_name("X-RateLimit-Limit").unwrap(), "X-RateLimit-Limit", "case is kept");
+        for bad in ["", "with space", "colon:", "new\nline", "Content-Length", "transfer-encoding", "é"] {
+            assert!(header_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(header_name(&"x".repeat(MAX_HEADER_NAME_BYTES)).is_ok());
+        assert!(header_name(&"x".repeat(MAX_HEADER_NAME_BYTES + 1)).is_err());
+    }
+
+    #[test]
+    fn the_near_limit_ratio_is_above_zero_and_at_most_one() {
+        assert_eq!(near_limit_ratio("0.8"), Ok(0.8));
+        assert_eq!(near_limit_ratio("1"), Ok(1.0));
+        for bad in ["0", "-0.5", "1.01", "NaN", "inf", "", "eighty"] {
+            assert!(near_limit_ratio(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn merged_metadata_is_bounded() {
+        use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    metadata: {{a: {}}}\n    rate_limit: {{unit: hour, requests_per_unit: 1000}}\n  - key: j\n    metadata: {{b: 1}}\n    rate_limit: {{unit: hour, requests_per_unit: 1000}}\n",
+            "x".repeat(60_000)
+        );
+        let domain = Domain::from_yaml(&yaml, "m.yaml").unwrap();
+        let descriptor = |key: &str| RateLimitDescriptor {
+            entries: vec![Entry { key: key.into(), value: "v".into() }],
+            ..Default::default()
+        };
+        // The big one five times (only four fit), then the small one: left out too.
+        let mut descriptors = vec![descriptor("k"); 5];
+        descriptors.push(descriptor("j"));
+        let req = RateLimitRequest { domain: "d".into(), descriptors, hits_addend: 0 };
+        let planned = plan(&req, Some(&domain));
+        let outcomes: Vec<Outcome> = (0..planned.len()).map(Outcome::Checked).collect();
+        let statuses = vec![status(Code::Ok, None, 0, Duration::ZERO); planned.len()];
+        let m = dynamic_metadata(&req, &planned, &outcomes, &statuses);
+        let Some(Kind::StructValue(merged)) = &m.fields["metadata"].kind else { panic!("metadata") };
+        assert!(
+            merged.fields.contains_key("a") && !merged.fields.contains_key("b"),
+            "{:?}",
+            merged.fields.keys()
+        );
+        // Without the big ones, the small one is sent.
+        let small =
+            RateLimitRequest { domain: "d".into(), descriptors: vec![descriptor("j")], hits_addend: 0 };
+        let planned = plan(&small, Some(&domain));
+        let m = dynamic_metadata(&small, &planned, &[Outcome::Checked(0)], &statuses[..1]);
+        let Some(Kind::StructValue(merged)) = &m.fields["metadata"].kind else { panic!("metadata") };
+        assert!(merged.fields.contains_key("b"));
     }
 
     #[test]

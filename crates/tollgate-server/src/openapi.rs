@@ -14,6 +14,18 @@ use crate::{admin, api, console, consumers, decision, explain, ops};
 #[allow(dead_code)] // documentation only
 fn envoy_json() {}
 
+/// `GET /healthcheck`: upstream's health check, `OK` (200) or 500. Served by
+/// `tollgate_envoy::ops::router`, merged as `/json` is.
+#[utoipa::path(get, path = "/healthcheck", responses((status = 200, description = "OK", content_type = "text/plain"), (status = 500, description = "The backend does not answer, or no Envoy configuration is loaded when one is required", content_type = "text/plain")))]
+#[allow(dead_code)] // documentation only
+fn envoy_healthcheck() {}
+
+/// `GET /rlconfig`: the loaded Envoy configuration as upstream prints it, a line per limit.
+/// Served by `tollgate_envoy::ops::router`.
+#[utoipa::path(get, path = "/rlconfig", responses((status = 200, description = "A line per limit: `<domain>.<key_value>...: unit=MINUTE requests_per_unit=10, shadow_mode: false, quota_mode: false`", content_type = "text/plain")))]
+#[allow(dead_code)] // documentation only
+fn envoy_rlconfig() {}
+
 /// Tollgate's HTTP API.
 #[derive(OpenApi)]
 #[openapi(
@@ -31,6 +43,8 @@ fn envoy_json() {}
         ops::info,
         ops::metrics,
         envoy_json,
+        envoy_healthcheck,
+        envoy_rlconfig,
         consumers::call_limits,
         admin::list_policies,
         admin::get_policy,
@@ -85,6 +99,8 @@ mod tests {
         ("/readyz", &["get"]),
         ("/metrics", &["get"]),
         ("/json", &["post"]),
+        ("/healthcheck", &["get"]),
+        ("/rlconfig", &["get"]),
         ("/v1/consumers/{consumer}/call-limits", &["get"]),
         ("/v1/admin/policies", &["get", "post"]),
         ("/v1/admin/policies/{name}", &["get", "put", "delete"]),

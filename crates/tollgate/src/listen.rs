@@ -15,7 +15,10 @@
 //!   total, not a gap between bytes, so a body sent a byte at a time cannot hold on); past it
 //!   the request is answered 408 and the connection closed;
 //! - a body size: a request whose Content-Length is above it is answered 413 at once, before
-//!   any of the body is read (so `Expect: 100-continue` gets 413, never `100 Continue`).
+//!   any of the body is read (so `Expect: 100-continue` gets 413, never `100 Continue`);
+//! - with TLS, the handshake runs in the connection's own task (a client that stalls it holds
+//!   its own slot, not the accept loop) and within the header timeout: it is the first part of
+//!   the wait for the first request's head.
 //!
 //! hyper's own `header_read_timeout` is not used: it also runs while a keep-alive connection
 //! is idle, so it cannot be longer than the idle timeout, and HTTP/2 has none.
@@ -41,7 +44,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::{Instant, Sleep};
 use tollgate_http::Problem;
@@ -88,6 +91,7 @@ pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     limits: Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
@@ -147,8 +151,19 @@ pub(crate) async fn serve(
             stop: stop.subscribe(),
             builder: builder.clone(),
         };
+        let tls = tls.clone();
         tokio::spawn(async move {
-            connection.run(stream).await;
+            match tls {
+                None => connection.run(stream).await,
+                Some(acceptor) => {
+                    let deadline = *connection.state.since() + limits.header_timeout;
+                    match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => connection.run(tls).await,
+                        Ok(Err(e)) => tracing::debug!(peer = %peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(peer = %peer, "TLS handshake timed out: connection closed"),
+                    }
+                }
+            }
             drop(permit);
             drop(address_slot);
         });
@@ -318,7 +333,7 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run(mut self, stream: TcpStream) {
+    async fn run<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(mut self, stream: S) {
         let io = TokioIo::new(Watched { inner: stream, state: self.state.clone() });
         let service = Service {
             app: self.app.clone(),
@@ -376,13 +391,13 @@ impl Connection {
     }
 }
 
-/// The socket, telling the connection's state when bytes arrive.
-struct Watched {
-    inner: TcpStream,
+/// The socket (or its TLS session), telling the connection's state when bytes arrive.
+struct Watched<S> {
+    inner: S,
     state: Arc<ConnState>,
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -398,7 +413,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
     }

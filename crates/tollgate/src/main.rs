@@ -11,6 +11,7 @@ mod listen;
 mod proxy;
 mod serve;
 mod simulate;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -174,6 +175,21 @@ struct ServeArgs {
     /// Address of the Envoy rate-limit gRPC service (envoy.service.ratelimit.v3).
     #[arg(long, env = "TOLLGATE_GRPC_LISTEN", value_name = "ADDR", default_value = "127.0.0.1:8081")]
     grpc_listen: SocketAddr,
+    /// TLS on the gRPC listener: the server's certificate chain, PEM (upstream's
+    /// GRPC_SERVER_USE_TLS with GRPC_SERVER_TLS_CERT).
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_CERT", value_name = "FILE", requires = "grpc_tls_key")]
+    grpc_tls_cert: Option<PathBuf>,
+    /// The private key of --grpc-tls-cert, PEM (upstream's GRPC_SERVER_TLS_KEY).
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_KEY", value_name = "FILE", requires = "grpc_tls_cert")]
+    grpc_tls_key: Option<PathBuf>,
+    /// Mutual TLS on the gRPC listener: clients must present a certificate issued by a CA of
+    /// this PEM file (upstream's GRPC_CLIENT_TLS_CACERT).
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_CLIENT_CA", value_name = "FILE", requires = "grpc_tls_cert")]
+    grpc_tls_client_ca: Option<PathBuf>,
+    /// With --grpc-tls-client-ca: the client's certificate must also be valid for this DNS
+    /// name (upstream's GRPC_CLIENT_TLS_SAN).
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_CLIENT_SAN", value_name = "NAME", requires = "grpc_tls_client_ca")]
+    grpc_tls_client_san: Option<String>,
     /// envoyproxy/ratelimit YAML configuration: a file, or a directory of *.yaml (one domain each).
     #[arg(long, env = "TOLLGATE_ENVOY_CONFIG", value_name = "PATH")]
     envoy_config: Option<PathBuf>,
@@ -181,6 +197,36 @@ struct ServeArgs {
     /// LIMIT_RESPONSE_HEADERS_ENABLED).
     #[arg(long, env = "TOLLGATE_ENVOY_RESPONSE_HEADERS")]
     envoy_response_headers: bool,
+    /// Envoy: the name of the limit header (upstream's LIMIT_LIMIT_HEADER).
+    #[arg(long, env = "TOLLGATE_ENVOY_LIMIT_HEADER", value_name = "NAME", default_value = "RateLimit-Limit", value_parser = tollgate_envoy::header_name)]
+    envoy_limit_header: String,
+    /// Envoy: the name of the remaining header (upstream's LIMIT_REMAINING_HEADER).
+    #[arg(long, env = "TOLLGATE_ENVOY_REMAINING_HEADER", value_name = "NAME", default_value = "RateLimit-Remaining", value_parser = tollgate_envoy::header_name)]
+    envoy_remaining_header: String,
+    /// Envoy: the name of the reset header (upstream's LIMIT_RESET_HEADER).
+    #[arg(long, env = "TOLLGATE_ENVOY_RESET_HEADER", value_name = "NAME", default_value = "RateLimit-Reset", value_parser = tollgate_envoy::header_name)]
+    envoy_reset_header: String,
+    /// Envoy: hits admitted with more than this share of a limit used count as near the limit
+    /// (the near_limit metric; upstream's NEAR_LIMIT_RATIO), above 0 and at most 1.
+    #[arg(long, env = "TOLLGATE_ENVOY_NEAR_LIMIT_RATIO", value_name = "RATIO", default_value = "0.8", value_parser = tollgate_envoy::near_limit_ratio)]
+    envoy_near_limit_ratio: f32,
+    /// Envoy: answer every request OK overall, whatever its descriptors' statuses say, and
+    /// count those that would have been refused (upstream's SHADOW_MODE).
+    #[arg(long, env = "TOLLGATE_ENVOY_SHADOW_MODE")]
+    envoy_shadow_mode: bool,
+    /// Envoy: GET /healthcheck asks the backend every time, and fails while it does not
+    /// answer (upstream's REDIS_HEALTH_CHECK_ACTIVE_CONNECTION); by default only until it
+    /// first answers.
+    #[arg(long, env = "TOLLGATE_ENVOY_HEALTH_CHECKS_BACKEND")]
+    envoy_health_checks_backend: bool,
+    /// Envoy: GET /healthcheck fails while no Envoy domain is loaded (upstream's
+    /// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
+    #[arg(long, env = "TOLLGATE_ENVOY_HEALTH_NEEDS_CONFIG")]
+    envoy_health_needs_config: bool,
+    /// Envoy: send the request, and the YAML `metadata` of the descriptors that admitted it,
+    /// as the answer's dynamic metadata (upstream's RESPONSE_DYNAMIC_METADATA).
+    #[arg(long, env = "TOLLGATE_ENVOY_RESPONSE_DYNAMIC_METADATA")]
+    envoy_response_dynamic_metadata: bool,
     /// Envoy: a request one descriptor refuses is charged to none of its descriptors. By
     /// default each descriptor is charged when its own limit admits it, as upstream does.
     #[arg(long, env = "TOLLGATE_ENVOY_ALL_OR_NOTHING")]

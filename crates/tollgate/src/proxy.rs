@@ -289,6 +289,6 @@ pub(crate) async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     // No body cap: bodies stream to the upstream, which applies its own (the body timeout
     // still bounds how long one may take).
     let limits = crate::listen::Limits::from_config(&config.server, None);
-    crate::listen::serve(listener, app, limits, crate::serve::shutdown_signal()).await;
+    crate::listen::serve(listener, app, limits, None, crate::serve::shutdown_signal()).await;
     Ok(())
 }

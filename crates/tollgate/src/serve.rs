@@ -165,7 +165,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .transpose()?;
     serve_grpc(&args, envoy.clone(), crate::listen::Limits { max_body: None, ..limits }).await?;
     let limiter = state.limiter().clone();
-    let app = tollgate_server::router_with(state, tollgate_envoy::json::router(envoy));
+    // Upstream's HTTP endpoints beside the API: /json, /healthcheck and /rlconfig.
+    let health =
+        tollgate_envoy::ops::Health::new(args.envoy_health_checks_backend, args.envoy_health_needs_config);
+    let envoy_http =
+        tollgate_envoy::json::router(envoy.clone()).merge(tollgate_envoy::ops::router(envoy, health));
+    let app = tollgate_server::router_with(state, envoy_http);
     serve_http(listener, app, limits).await;
     // Reserved units not admitted go back to the backend (see tollgate_limiter::reserve).
     limiter.shutdown().await;
@@ -267,6 +272,16 @@ fn reloaded(config: &'static str, applied: Option<bool>) {
 /// The Envoy rate-limit service over `limiter`, with the domains of `--envoy-config` (none
 /// without it).
 fn start_envoy(args: &ServeArgs, limiter: Limiter) -> anyhow::Result<tollgate_envoy::EnvoyService> {
+    let names = [&args.envoy_limit_header, &args.envoy_remaining_header, &args.envoy_reset_header];
+    if names.iter().enumerate().any(|(i, a)| names[i + 1..].iter().any(|b| a.eq_ignore_ascii_case(b))) {
+        anyhow::bail!(
+            "--envoy-limit-header, --envoy-remaining-header and --envoy-reset-header must name three \
+             different headers (they are {}, {} and {})",
+            names[0],
+            names[1],
+            names[2]
+        );
+    }
     let domains = match &args.envoy_config {
         Some(path) => {
             let config = tollgate_envoy::load(path, args.envoy_merge_domains)?;
@@ -279,6 +294,14 @@ fn start_envoy(args: &ServeArgs, limiter: Limiter) -> anyhow::Result<tollgate_en
     };
     Ok(tollgate_envoy::EnvoyService::new(limiter, domains)
         .with_response_headers(args.envoy_response_headers)
+        .with_header_names(tollgate_envoy::HeaderNames {
+            limit: args.envoy_limit_header.clone(),
+            remaining: args.envoy_remaining_header.clone(),
+            reset: args.envoy_reset_header.clone(),
+        })
+        .with_near_limit_ratio(args.envoy_near_limit_ratio)
+        .with_global_shadow_mode(args.envoy_shadow_mode)
+        .with_dynamic_metadata(args.envoy_response_dynamic_metadata)
         .with_charging(match (args.envoy_all_or_nothing, args.envoy_stop_increment_when_over_limit) {
             (true, _) => tollgate_envoy::Charging::AllOrNothing,
             (_, true) => tollgate_envoy::Charging::StopWhenOverLimit,
@@ -320,9 +343,23 @@ async fn serve_grpc(
     envoy: tollgate_envoy::EnvoyService,
     limits: crate::listen::Limits,
 ) -> anyhow::Result<()> {
+    let tls = match (&args.grpc_tls_cert, &args.grpc_tls_key) {
+        (Some(cert), Some(key)) => Some(crate::tls::acceptor(
+            cert,
+            key,
+            args.grpc_tls_client_ca.as_deref(),
+            args.grpc_tls_client_san.as_deref(),
+        )?),
+        _ => None,
+    };
     let grpc_listener = bind_listener(args.grpc_listen)
         .with_context(|| format!("cannot listen on {} (gRPC)", args.grpc_listen))?;
-    tracing::info!(address = %grpc_listener.local_addr()?, "Envoy rate-limit service (gRPC) is listening");
+    tracing::info!(
+        address = %grpc_listener.local_addr()?,
+        tls = tls.is_some(),
+        client_certificates = args.grpc_tls_client_ca.is_some(),
+        "Envoy rate-limit service (gRPC) is listening"
+    );
     // The standard gRPC health service: SERVING for "" and for the rate-limit service.
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<tollgate_envoy::EnvoyServer>().await;
@@ -332,7 +369,7 @@ async fn serve_grpc(
     let grpc = tonic::service::Routes::new(health_service)
         .add_service(tollgate_envoy::EnvoyServer::new(envoy))
         .into_axum_router();
-    tokio::spawn(crate::listen::serve(grpc_listener, grpc, limits, std::future::pending()));
+    tokio::spawn(crate::listen::serve(grpc_listener, grpc, limits, tls, std::future::pending()));
     Ok(())
 }
 
@@ -340,7 +377,7 @@ async fn serve_grpc(
 /// [`SHUTDOWN_GRACE`].
 async fn serve_http(listener: tokio::net::TcpListener, app: axum::Router, limits: crate::listen::Limits) {
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = crate::listen::serve(listener, app, limits, async move {
+    let server = crate::listen::serve(listener, app, limits, None, async move {
         shutdown_signal().await;
         tracing::info!("shutting down: no new connections; finishing requests in flight");
         let _ = signalled_tx.send(());

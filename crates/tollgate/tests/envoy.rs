@@ -22,6 +22,7 @@ domain: edge
 descriptors:
   - key: remote_address
     rate_limit: {unit: hour, requests_per_unit: 2}
+    metadata: {owner: edge, nested: {a: 1}, tags: [x, 2]}
   - key: remote_address
     value: 50.0.0.5
     rate_limit: {unit: hour, requests_per_unit: 0}
@@ -37,10 +38,12 @@ descriptors:
   - key: path
     value: /health
     rate_limit: {unlimited: true}
+    metadata: {unlimited: never sent}
   - key: plan
     value: trial
     rate_limit: {unit: hour, requests_per_unit: 1}
     shadow_mode: true
+    metadata: {owner: trial, nested: {a: 9, b: true}}
   - key: user
     descriptors:
       - key: tier
@@ -778,8 +781,9 @@ fn proto_dir() -> std::path::PathBuf {
     found.pop().unwrap_or_else(|| panic!("no envoy-types protos under {}", registry.display()))
 }
 
-#[tokio::test]
-async fn a_python_grpcio_client_speaks_the_same_wire() {
+/// Runs `tests/python/envoy_wire.py` against `listen` (over TLS trusting `ca` when given):
+/// Python grpcio, gRPC C-core underneath.
+async fn python_wire(dir: &std::path::Path, listen: String, ca: Option<std::path::PathBuf>) {
     // Debian's python3 with python3-grpcio and python3-grpc-tools (scripts/test installs them).
     let python = "/usr/bin/python3";
     let probe = std::process::Command::new(python).args(["-c", "import grpc, grpc_tools"]).output();
@@ -789,8 +793,7 @@ async fn a_python_grpcio_client_speaks_the_same_wire() {
          or run scripts/test, which does",
         if std::env::var("CI").as_deref() == Ok("true") { " (CI=true)" } else { "" }
     );
-    let (_server, _client, dir, listen) = start_with(&["--envoy-response-headers"]).await;
-    let out = dir.path().join("py");
+    let out = dir.join("py");
     std::fs::create_dir_all(&out).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/envoy_wire.py");
     let result = tokio::task::spawn_blocking(move || {
@@ -799,6 +802,7 @@ async fn a_python_grpcio_client_speaks_the_same_wire() {
             .arg(proto_dir())
             .arg(&listen)
             .arg(&out)
+            .args(ca)
             .output()
             .unwrap()
     })
@@ -807,4 +811,259 @@ async fn a_python_grpcio_client_speaks_the_same_wire() {
     let stdout = String::from_utf8_lossy(&result.stdout);
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(result.status.success() && stdout.trim() == "ok", "python client:\n{stdout}\n{stderr}");
+}
+
+#[tokio::test]
+async fn a_python_grpcio_client_speaks_the_same_wire() {
+    let (_server, _client, dir, listen) =
+        start_with(&["--envoy-response-headers", "--envoy-response-dynamic-metadata"]).await;
+    python_wire(dir.path(), listen, None).await;
+}
+
+#[tokio::test]
+async fn a_python_grpcio_client_speaks_the_same_wire_over_tls() {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let dir = tempfile::tempdir().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    // A name of its own: with rcgen's default name on both, OpenSSL takes the server's
+    // certificate for a self-signed one.
+    params.distinguished_name.push(rcgen::DnType::CommonName, "Tollgate test CA");
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["localhost".to_owned()]).unwrap().signed_by(&key, &ca).unwrap();
+    let path = |name: &str| dir.path().join(name);
+    std::fs::write(path("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(path("server.pem"), cert.pem()).unwrap();
+    std::fs::write(path("server.key"), key.serialize_pem()).unwrap();
+    std::fs::write(path("edge.yaml"), YAML).unwrap();
+    let listen = format!("127.0.0.1:{}", tollgate_testkit::free_port());
+    let (yaml, cert, key) = (path("edge.yaml"), path("server.pem"), path("server.key"));
+    let _server = Tollgate::start(
+        "",
+        &[
+            "--grpc-listen",
+            &listen,
+            "--envoy-config",
+            yaml.to_str().unwrap(),
+            "--envoy-response-headers",
+            "--envoy-response-dynamic-metadata",
+            "--grpc-tls-cert",
+            cert.to_str().unwrap(),
+            "--grpc-tls-key",
+            key.to_str().unwrap(),
+        ],
+    )
+    .await;
+    inside_window(3600, 5).await;
+    python_wire(dir.path(), listen, Some(path("ca.pem"))).await;
+}
+
+/// A protobuf Struct as JSON, to compare whole.
+fn struct_json(s: &envoy_types::pb::google::protobuf::Struct) -> serde_json::Value {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    fn value(v: &envoy_types::pb::google::protobuf::Value) -> serde_json::Value {
+        match &v.kind {
+            None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
+            Some(Kind::NumberValue(n)) => serde_json::json!(n),
+            Some(Kind::StringValue(t)) => serde_json::json!(t),
+            Some(Kind::BoolValue(b)) => serde_json::json!(b),
+            Some(Kind::StructValue(s)) => struct_json(s),
+            Some(Kind::ListValue(l)) => l.values.iter().map(value).collect(),
+        }
+    }
+    s.fields.iter().map(|(k, v)| (k.clone(), value(v))).collect::<serde_json::Map<_, _>>().into()
+}
+
+#[tokio::test]
+async fn dynamic_metadata_carries_the_request_and_the_admitting_descriptors_metadata() {
+    let (server, mut client, _dir, _) = start_with(&["--envoy-response-dynamic-metadata"]).await;
+    let metadata = |r: envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        struct_json(r.dynamic_metadata.as_ref().expect("dynamic metadata"))
+    };
+    let req = || {
+        request(vec![
+            descriptor(&[("remote_address", "m1")]),
+            descriptor(&[("plan", "trial")]),
+            descriptor(&[("path", "/health")]),
+            with_hits(with_limit(descriptor(&[("k", "v")]), 5, Unit::Hour), 2),
+        ])
+    };
+    let r = client.should_rate_limit(req()).await.unwrap().into_inner();
+    assert_eq!(r.overall_code(), Code::Ok);
+    // Upstream's fields; the first descriptor's value wins, maps are merged; the unlimited
+    // descriptor and the request's own limit carry none.
+    assert_eq!(
+        metadata(r),
+        serde_json::json!({
+            "domain": "edge",
+            "descriptors": [
+                {"entries": ["remote_address=m1"]},
+                {"entries": ["plan=trial"]},
+                {"entries": ["path=/health"]},
+                {"entries": ["k=v"], "limit": "requests_per_unit:5 unit:HOUR", "hitsAddend": 2.0},
+            ],
+            "metadata": {"owner": "edge", "nested": {"a": 1.0, "b": true}, "tags": ["x", 2.0]},
+        })
+    );
+    // Over its limit, a descriptor's metadata is not sent; a shadow-mode one over its limit
+    // admits, and is (remote_address admits 2 an hour; plan=trial, in shadow mode, 1).
+    client.should_rate_limit(req()).await.unwrap();
+    let r = client.should_rate_limit(req()).await.unwrap().into_inner();
+    assert_eq!(r.statuses[0].code(), Code::OverLimit);
+    let m = metadata(r);
+    assert_eq!(m["metadata"], serde_json::json!({"owner": "trial", "nested": {"a": 9.0, "b": true}}));
+    assert!(m.get("hitsAddend").is_none(), "no hits_addend, none sent: {m}");
+    let mut three = request(vec![descriptor(&[("path", "/nowhere")])]);
+    three.hits_addend = 3;
+    let m = metadata(client.should_rate_limit(three).await.unwrap().into_inner());
+    assert_eq!(m["hitsAddend"], 3.0);
+    assert!(m.get("metadata").is_none(), "no descriptor with metadata admitted: {m}");
+    // POST /json answers it as protobuf's JSON mapping.
+    let body = serde_json::json!({"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "m2"}]}]});
+    let answer: serde_json::Value = server.post("/json", &body).await.json().await.unwrap();
+    assert_eq!(answer["dynamicMetadata"]["metadata"]["owner"], "edge", "{answer}");
+    assert_eq!(answer["dynamicMetadata"]["descriptors"][0]["entries"][0], "remote_address=m2");
+    // Off by default.
+    let (_plain, mut plain, _d, _) = start().await;
+    let r = plain.should_rate_limit(req()).await.unwrap().into_inner();
+    assert!(r.dynamic_metadata.is_none());
+}
+
+#[tokio::test]
+async fn header_names_and_the_near_limit_ratio_are_settings() {
+    let (server, mut client, _dir, _) = start_with(&[
+        "--envoy-response-headers",
+        "--envoy-limit-header",
+        "X-Edge-Limit",
+        "--envoy-remaining-header",
+        "x-edge-left",
+        "--envoy-reset-header",
+        "X-Edge-Reset",
+        "--envoy-near-limit-ratio",
+        "0.5",
+    ])
+    .await;
+    let req = || request(vec![descriptor(&[("path", "/api/near")])]);
+    let r = client.should_rate_limit(req()).await.unwrap().into_inner();
+    let keys: Vec<&str> = r.response_headers_to_add.iter().map(|h| h.key.as_str()).collect();
+    assert_eq!(keys, ["X-Edge-Limit", "x-edge-left", "X-Edge-Reset"], "the names as given, case kept");
+    assert_eq!(r.response_headers_to_add[0].value, "5");
+    // 5 an hour at 0.5: near past floor(2.5) = 2 used, so from the 3rd hit (0.8: the 5th).
+    let near = || server.metric("tollgate_envoy_near_limit");
+    client.should_rate_limit(req()).await.unwrap();
+    assert_eq!(near().await, 0.0);
+    client.should_rate_limit(req()).await.unwrap();
+    assert_eq!(near().await, 1.0);
+}
+
+#[test]
+fn bad_header_names_and_ratios_are_refused_naming_the_setting() {
+    let refused = |args: &[&str], env: &[(&str, &str)]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
+            .args(["--database", "sqlite::memory:"])
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} {env:?} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let long = "x".repeat(129);
+    for (flag, bad) in [
+        ("--envoy-limit-header", "Rate Limit"),
+        ("--envoy-remaining-header", "x:y"),
+        ("--envoy-reset-header", "Content-Length"),
+        ("--envoy-limit-header", long.as_str()),
+        ("--envoy-limit-header", ""),
+        ("--envoy-near-limit-ratio", "0"),
+        ("--envoy-near-limit-ratio", "1.5"),
+        ("--envoy-near-limit-ratio", "NaN"),
+    ] {
+        let e = refused(&[flag, bad], &[]);
+        assert!(e.contains(flag), "{flag} {bad:?}: {e}");
+    }
+    // From the environment, the flag is named too.
+    let e = refused(&[], &[("TOLLGATE_ENVOY_NEAR_LIMIT_RATIO", "-1")]);
+    assert!(e.contains("--envoy-near-limit-ratio"), "{e}");
+    let e = refused(&[], &[("TOLLGATE_ENVOY_RESET_HEADER", "ratelimit-limit")]);
+    assert!(e.contains("must name three different headers"), "{e}");
+}
+
+#[tokio::test]
+async fn global_shadow_mode_answers_ok_and_keeps_the_statuses() {
+    let (server, mut client, _dir, _) =
+        start_with(&["--envoy-shadow-mode", "--envoy-response-headers", "--envoy-response-dynamic-metadata"])
+            .await;
+    // The block list: each status as without the shadow mode, only the overall code is OK.
+    let blocked =
+        request(vec![descriptor(&[("remote_address", "50.0.0.5")]), descriptor(&[("path", "/nowhere")])]);
+    let r = client.should_rate_limit(blocked).await.unwrap().into_inner();
+    assert_eq!(r.overall_code(), Code::Ok);
+    let each: Vec<(Code, u32)> = r.statuses.iter().map(|s| (s.code(), s.limit_remaining)).collect();
+    assert_eq!(each, [(Code::OverLimit, 0), (Code::Ok, 0)]);
+    let remaining = r.response_headers_to_add.iter().find(|h| h.key == "RateLimit-Remaining").unwrap();
+    assert_eq!(remaining.value, "0", "the headers say what was refused");
+    // A request's own limit of 0 too (upstream's code makes no exception for it).
+    let zero = request(vec![with_limit(descriptor(&[("k", "z")]), 0, Unit::Hour)]);
+    let r = client.should_rate_limit(zero).await.unwrap().into_inner();
+    assert_eq!((r.overall_code(), r.statuses[0].code()), (Code::Ok, Code::OverLimit));
+    // Counting goes on: the third hit of 2 an hour is over, and admitted.
+    let ip = || request(vec![descriptor(&[("remote_address", "gs")])]);
+    client.should_rate_limit(ip()).await.unwrap();
+    client.should_rate_limit(ip()).await.unwrap();
+    let r = client.should_rate_limit(ip()).await.unwrap().into_inner();
+    assert_eq!((r.overall_code(), r.statuses[0].code()), (Code::Ok, Code::OverLimit));
+    assert!(
+        !r.dynamic_metadata.unwrap().fields.contains_key("metadata"),
+        "a refused descriptor's metadata stays out"
+    );
+    assert_eq!(server.metric("tollgate_envoy_global_shadow_mode").await, 3.0);
+    // POST /json: 200.
+    let body = serde_json::json!({"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "gs"}]}]});
+    assert_eq!(server.post("/json", &body).await.status(), 200);
+}
+
+#[tokio::test]
+async fn healthcheck_and_rlconfig_as_upstream_serves_them() {
+    let (server, _client, _dir, _) = start_with(&["--envoy-health-needs-config"]).await;
+    assert_eq!(server.get_text("/healthcheck").await, (200, "OK".into()));
+    let (code, dump) = server.get_text("/rlconfig").await;
+    assert_eq!(code, 200);
+    for line in [
+        "edge.remote_address: unit=HOUR requests_per_unit=2, shadow_mode: false, quota_mode: false\n",
+        "edge.remote_address_50.0.0.5: unit=HOUR requests_per_unit=0, shadow_mode: false, quota_mode: false\n",
+        "edge.path_/health: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false\n",
+        "edge.plan_trial: unit=HOUR requests_per_unit=1, shadow_mode: true, quota_mode: false\n",
+        "edge.user.tier_gold: unit=HOUR requests_per_unit=10, shadow_mode: false, quota_mode: false\n",
+        "edge.batch_nightly: unit=HOUR requests_per_unit=1, shadow_mode: false, quota_mode: true\n",
+    ] {
+        assert!(dump.contains(line), "{line} missing from:\n{dump}");
+    }
+    // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: no domain, unhealthy; without it, healthy.
+    let bare = Tollgate::start("", &["--envoy-health-needs-config"]).await;
+    assert_eq!(bare.get_text("/healthcheck").await.0, 500);
+    assert_eq!(bare.get_text("/rlconfig").await, (200, String::new()));
+
+    // The backend: unhealthy until it first answers; then, by default, healthy whatever it
+    // does (upstream's Redis component), or only while it answers with
+    // --envoy-health-checks-backend (upstream's REDIS_HEALTH_CHECK_ACTIVE_CONNECTION).
+    let port = tollgate_testkit::free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let default = Tollgate::start("", &["--redis", &url]).await;
+    let active = Tollgate::start("", &["--redis", &url, "--envoy-health-checks-backend"]).await;
+    assert_eq!(default.get_text("/healthcheck").await.0, 500);
+    assert_eq!(active.get_text("/healthcheck").await.0, 500);
+    let redis = tollgate_testkit::RedisServer::start_on(port);
+    for server in [&default, &active] {
+        let up =
+            eventually(Duration::from_secs(10), || async { server.get_text("/healthcheck").await.0 == 200 });
+        assert!(up.await, "{}", server.logs());
+    }
+    drop(redis);
+    let down =
+        eventually(Duration::from_secs(10), || async { active.get_text("/healthcheck").await.0 == 500 });
+    assert!(down.await, "{}", active.logs());
+    assert_eq!(default.get_text("/healthcheck").await, (200, "OK".into()));
 }

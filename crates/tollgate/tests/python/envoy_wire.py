@@ -2,7 +2,8 @@
 same protos as the Rust side (the envoy-types crate's proto directory), to prove wire
 compatibility with another gRPC implementation.
 
-Usage: envoy_wire.py PROTO_DIR HOST:PORT OUT_DIR. Exits non-zero with a message on a mismatch.
+Usage: envoy_wire.py PROTO_DIR HOST:PORT OUT_DIR [CA_PEM]. With CA_PEM, over TLS, trusting that
+CA for the name localhost. Exits non-zero with a message on a mismatch.
 """
 
 import os
@@ -56,7 +57,12 @@ def descriptor(key, value, hits=None, override=None):
     return d
 
 
-channel = grpc.insecure_channel(address)
+if len(sys.argv) > 4:
+    with open(sys.argv[4], "rb") as f:
+        credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+    channel = grpc.secure_channel(address, credentials, options=[("grpc.ssl_target_name_override", "localhost")])
+else:
+    channel = grpc.insecure_channel(address)
 stub = rls_pb2_grpc.RateLimitServiceStub(channel)
 
 
@@ -75,12 +81,17 @@ check(0 < status.duration_until_reset.seconds <= 3600, "reset within the hour: %
 headers = {h.key: h.value for h in first.response_headers_to_add}
 check(headers.get("RateLimit-Limit") == "2" and headers.get("RateLimit-Remaining") == "1"
       and 0 < int(headers.get("RateLimit-Reset", "0")) <= 3600, "upstream's headers: %s" % first)
+meta = first.dynamic_metadata
+check(meta["domain"] == "edge" and list(meta["descriptors"][0]["entries"]) == ["remote_address=python"]
+      and meta["metadata"]["owner"] == "edge" and meta["metadata"]["nested"]["a"] == 1,
+      "dynamic metadata: the request and the descriptor's metadata: %s" % first)
 
 peek = call(descriptor("remote_address", "python", hits=0))
 check(peek.statuses[0].limit_remaining == 1, "hits_addend 0 counts nothing: %s" % peek)
 check(call(descriptor("remote_address", "python")).overall_code == OK, "second call is OK")
 third = call(descriptor("remote_address", "python"))
 check(third.overall_code == OVER and third.statuses[0].code == OVER, "third call is over: %s" % third)
+check("metadata" not in third.dynamic_metadata.fields, "no metadata when over the limit: %s" % third)
 
 override = call(descriptor("remote_address", "python-override", override=(5, HOUR)), hits=5)
 check(override.overall_code == OK and override.statuses[0].limit_remaining == 0,
