@@ -17,7 +17,7 @@ use crate::breaker::{Breaker, BreakerState};
 use crate::decision_log::{self, DecisionLog, DecisionLogSettings};
 use crate::metrics as m;
 use crate::reserve::{self, Held, Leftover, Reservations, ReserveStats, Step};
-use crate::traced::Traced;
+use crate::traced::traced;
 use crate::{Mode, OnLimit, Policy};
 
 /// What to answer when the primary backend fails (or its breaker is open).
@@ -268,14 +268,12 @@ impl Limiter {
     ///
     /// Under a policy with [`Reserve`](crate::Reserve) on, a hot key is answered from a block
     /// of units reserved in advance (see [`reserve`](crate::reserve)).
-    pub fn check(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> impl Future<Output = Result<Verdict, LimitError>> + Send {
+    pub async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Verdict, LimitError> {
         let span = self.decision_span("check", || policy.name.to_string(), 1, cost);
-        Traced::new(span, self.check_untraced(key, policy, cost), |v| (outcome(v, true), v.degraded))
+        if span.is_disabled() {
+            return self.check_untraced(key, policy, cost).await;
+        }
+        traced(span, self.check_untraced(key, policy, cost), |v| (outcome(v, true), v.degraded)).await
     }
 
     async fn check_untraced(&self, key: &str, policy: &Policy, cost: u64) -> Result<Verdict, LimitError> {
@@ -320,15 +318,16 @@ impl Limiter {
     /// assert_eq!(second.verdicts[0].decision.remaining(), 4); // alice's unit was not taken
     /// # }
     /// ```
-    pub fn check_all(
-        &self,
-        checks: &[Check<'_>],
-    ) -> impl Future<Output = Result<JointVerdict, LimitError>> + Send {
+    pub async fn check_all(&self, checks: &[Check<'_>]) -> Result<JointVerdict, LimitError> {
         let span = self.batch_span("check_all", checks);
-        Traced::new(span, self.check_all_untraced(checks), |joint| {
+        if span.is_disabled() {
+            return self.check_all_untraced(checks).await;
+        }
+        traced(span, self.check_all_untraced(checks), |joint| {
             let degraded = joint.verdicts.iter().any(|v| v.degraded);
             (if joint.admitted { "allowed" } else { "denied" }, degraded)
         })
+        .await
     }
 
     async fn check_all_untraced(&self, checks: &[Check<'_>]) -> Result<JointVerdict, LimitError> {
@@ -369,15 +368,16 @@ impl Limiter {
     /// assert_eq!(second[0].decision.remaining(), 3); // alice was charged twice
     /// # }
     /// ```
-    pub fn check_each(
-        &self,
-        checks: &[Check<'_>],
-    ) -> impl Future<Output = Result<Vec<Verdict>, LimitError>> + Send {
+    pub async fn check_each(&self, checks: &[Check<'_>]) -> Result<Vec<Verdict>, LimitError> {
         let span = self.batch_span("check_each", checks);
-        Traced::new(span, self.check_each_untraced(checks), |verdicts| {
+        if span.is_disabled() {
+            return self.check_each_untraced(checks).await;
+        }
+        traced(span, self.check_each_untraced(checks), |verdicts| {
             let allowed = verdicts.iter().all(Verdict::allowed);
             (if allowed { "allowed" } else { "denied" }, verdicts.iter().any(|v| v.degraded))
         })
+        .await
     }
 
     async fn check_each_untraced(&self, checks: &[Check<'_>]) -> Result<Vec<Verdict>, LimitError> {
@@ -397,14 +397,17 @@ impl Limiter {
 
     /// Like [`check`](Self::check), with concurrency rules holding the units under a new lease
     /// (returned when the request is admitted and the rules hold one).
-    pub fn acquire(
+    pub async fn acquire(
         &self,
         key: &str,
         policy: &Policy,
         cost: u64,
-    ) -> impl Future<Output = Result<(Verdict, Option<Lease>), LimitError>> + Send {
+    ) -> Result<(Verdict, Option<Lease>), LimitError> {
         let span = self.decision_span("acquire", || policy.name.to_string(), 1, cost);
-        Traced::new(span, self.acquire_untraced(key, policy, cost), |(v, _)| (outcome(v, true), v.degraded))
+        if span.is_disabled() {
+            return self.acquire_untraced(key, policy, cost).await;
+        }
+        traced(span, self.acquire_untraced(key, policy, cost), |(v, _)| (outcome(v, true), v.degraded)).await
     }
 
     async fn acquire_untraced(
@@ -854,13 +857,17 @@ impl Limiter {
                 error.type = Empty,
                 otel.status_code = Empty,
             );
-            let result = primary.instrument(span.clone()).await;
-            if let Err(e) = &result
-                && !span.is_disabled()
-            {
-                span.record("error.type", error_kind(e));
-                span.record("otel.status_code", "ERROR");
-            }
+            // Off, no wrapper: dropping an `Instrumented` enters its span, even a disabled one.
+            let result = if span.is_disabled() {
+                primary.await
+            } else {
+                let result = primary.instrument(span.clone()).await;
+                if let Err(e) = &result {
+                    span.record("error.type", error_kind(e));
+                    span.record("otel.status_code", "ERROR");
+                }
+                result
+            };
             let backend = Arc::clone(&inner.backend_name);
             metrics::histogram!(m::BACKEND_SECONDS, "backend" => backend.clone())
                 .record(start.elapsed().as_secs_f64());
@@ -891,9 +898,9 @@ impl Limiter {
         }
     }
 
-    /// The span of one decision (docs/api.md, "Tracing"), `operation` naming the method; made
-    /// when the check is called, so its parent is the caller's current span (the request's).
-    /// `policies` is called only for a span that is on.
+    /// The span of one decision (docs/api.md, "Tracing"), `operation` naming the method; its
+    /// parent is the caller's current span (the request's). `policies` is called only for a
+    /// span that is on.
     fn decision_span(
         &self,
         operation: &'static str,
