@@ -276,6 +276,7 @@ impl Limiter {
         traced(span, self.check_untraced(key, policy, cost), |v| (outcome(v, true), v.degraded)).await
     }
 
+    /// [`check`](Self::check) itself, outside its span.
     async fn check_untraced(&self, key: &str, policy: &Policy, cost: u64) -> Result<Verdict, LimitError> {
         let op = Operation::Check { cost };
         let decided = match self.reserved(key, policy, cost).await? {
@@ -330,6 +331,7 @@ impl Limiter {
         .await
     }
 
+    /// [`check_all`](Self::check_all) itself, outside its span.
     async fn check_all_untraced(&self, checks: &[Check<'_>]) -> Result<JointVerdict, LimitError> {
         let decisions = self.decide_checks(checks, &Check::parts(checks), true).await?;
         let verdicts: Vec<Verdict> =
@@ -380,6 +382,7 @@ impl Limiter {
         .await
     }
 
+    /// [`check_each`](Self::check_each) itself, outside its span.
     async fn check_each_untraced(&self, checks: &[Check<'_>]) -> Result<Vec<Verdict>, LimitError> {
         let parts: Vec<Part<'_>> = checks
             .iter()
@@ -410,6 +413,7 @@ impl Limiter {
         traced(span, self.acquire_untraced(key, policy, cost), |(v, _)| (outcome(v, true), v.degraded)).await
     }
 
+    /// [`acquire`](Self::acquire) itself, outside its span.
     async fn acquire_untraced(
         &self,
         key: &str,
