@@ -59,6 +59,8 @@ pub struct Config {
     pub policies: Policies,
     /// The `[consumers]` section.
     pub consumers: ConsumerSettings,
+    /// The `[tracing]` section.
+    pub tracing: TracingSettings,
 }
 
 /// The `[consumers]` section: limits for `{"consumer": ...}` and `{"anonymous_ip": ...}` checks.
@@ -161,6 +163,61 @@ pub struct MemorySettings {
 impl Default for MemorySettings {
     fn default() -> Self {
         MemorySettings { max_keys: tollgate_core::DEFAULT_MAX_KEYS }
+    }
+}
+
+/// The `[tracing]` section: OpenTelemetry spans of each request, decision and backend call,
+/// sent over OTLP (gRPC). Off unless an endpoint is given.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TracingSettings {
+    /// The OTLP collector's gRPC endpoint (`http://host:4317`, or `https://` for TLS); None
+    /// turns tracing off (the default), and no exporter is made.
+    pub otlp_endpoint: Option<String>,
+    /// The share of traces started here that are sampled, 0 to 1 (default 1). A request
+    /// carrying a W3C `traceparent` follows its caller's sampling decision instead.
+    pub sample_ratio: f64,
+    /// The `service.name` of the spans (default `tollgate`).
+    pub service_name: String,
+    /// How long finished spans wait to be sent together (default 5 s; the SDK's
+    /// `OTEL_BSP_SCHEDULE_DELAY`). What is waiting is sent at shutdown too.
+    pub export_delay: Duration,
+}
+
+impl Default for TracingSettings {
+    fn default() -> Self {
+        TracingSettings {
+            otlp_endpoint: None,
+            sample_ratio: 1.0,
+            service_name: "tollgate".into(),
+            export_delay: Duration::from_secs(5),
+        }
+    }
+}
+
+impl TracingSettings {
+    /// Longest [`export_delay`](Self::export_delay).
+    pub const MAX_EXPORT_DELAY: Duration = Duration::from_secs(60);
+
+    /// Whether spans are exported.
+    pub fn enabled(&self) -> bool {
+        self.otlp_endpoint.is_some()
+    }
+
+    /// Refuses an OTLP endpoint that is not an `http://` or `https://` URL with a host (the
+    /// reason, for an error naming where the value came from).
+    pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
+        let rest = endpoint.strip_prefix("http://").or_else(|| endpoint.strip_prefix("https://"));
+        let authority = rest.map(|r| r.split(['/', '?', '#']).next().unwrap_or_default());
+        match authority {
+            _ if endpoint.chars().any(|c| c.is_whitespace() || c.is_control()) => {
+                Err(format!("{endpoint:?} has spaces or control characters"))
+            }
+            Some(host) if !host.is_empty() && !host.starts_with(':') && !host.contains('@') => Ok(()),
+            Some(_) => Err(format!("{endpoint:?} has no host (write it as http://host:4317)")),
+            None => {
+                Err(format!("{endpoint:?} is not an http:// or https:// URL (write it as http://host:4317)"))
+            }
+        }
     }
 }
 

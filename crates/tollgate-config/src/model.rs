@@ -18,7 +18,7 @@ use crate::redis_url::RedisTopology;
 use crate::spec::{OnLimitKind, PolicySpec};
 use crate::{
     BackendKind, BackendSettings, Config, ConfigError, ConnectionSettings, ConsumerSettings, MemorySettings,
-    Policies, RedisEngine, ServerSettings,
+    Policies, RedisEngine, ServerSettings, TracingSettings,
 };
 
 #[derive(Deserialize, Default)]
@@ -36,6 +36,31 @@ struct File {
     consumers: Option<Spanned<ConsumersSection>>,
     #[serde(default)]
     decision_log: DecisionLogSection,
+    #[serde(default)]
+    tracing: TracingSection,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct TracingSection {
+    otlp_endpoint: Option<Spanned<String>>,
+    sample_ratio: Spanned<f64>,
+    service_name: Spanned<String>,
+    export_delay: Spanned<Period>,
+}
+
+impl Default for TracingSection {
+    fn default() -> Self {
+        let settings = TracingSettings::default();
+        TracingSection {
+            otlp_endpoint: None,
+            sample_ratio: unwritten(settings.sample_ratio),
+            service_name: unwritten(settings.service_name),
+            export_delay: unwritten(
+                Period::try_from(settings.export_delay).expect("the default is a valid period"),
+            ),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -229,7 +254,42 @@ fn validate(file: File) -> Result<Config, Mistake> {
         Some(section) => consumer_settings(section)?,
         None => ConsumerSettings::default(),
     };
-    Ok(Config { consumers, server, memory, backend, policies: Policies(policies) })
+    let tracing = tracing_settings(&file.tracing)?;
+    Ok(Config { consumers, server, memory, backend, policies: Policies(policies), tracing })
+}
+
+/// The `[tracing]` section (off without an endpoint; its other fields are checked all the same).
+fn tracing_settings(section: &TracingSection) -> Result<TracingSettings, Mistake> {
+    if let Some(endpoint) = &section.otlp_endpoint {
+        TracingSettings::check_endpoint(endpoint.get_ref())
+            .map_err(|e| Mistake::in_value(endpoint, format!("tracing.otlp_endpoint = {e}")))?;
+    }
+    let ratio = *section.sample_ratio.get_ref();
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(Mistake::in_value(
+            &section.sample_ratio,
+            format!(
+                "tracing.sample_ratio = {ratio}: it must be between 0 and 1 (0.1 samples one trace in ten)"
+            ),
+        ));
+    }
+    let name = section.service_name.get_ref();
+    if name.trim().is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
+        return Err(Mistake::in_value(
+            &section.service_name,
+            "tracing.service_name must be 1 to 255 bytes, not blank, without control characters",
+        ));
+    }
+    let delay = section.export_delay.get_ref().as_duration();
+    if delay > TracingSettings::MAX_EXPORT_DELAY {
+        return Err(Mistake::in_value(&section.export_delay, "tracing.export_delay must be at most 1m"));
+    }
+    Ok(TracingSettings {
+        otlp_endpoint: section.otlp_endpoint.as_ref().map(|e| e.get_ref().clone()),
+        sample_ratio: ratio,
+        service_name: name.clone(),
+        export_delay: delay,
+    })
 }
 
 fn server_settings(server: &ServerSection) -> Result<ServerSettings, Mistake> {
@@ -511,6 +571,43 @@ mod tests {
         // A key beside max is a mistake (schemathesis found it accepted).
         let e = error(&format!("[policies.a]\n{fixed}reserve = {{ max = 5, mx = 6 }}\n"));
         assert_eq!(e.line(), Some(3), "{e}");
+    }
+
+    #[test]
+    fn tracing_is_off_by_default_and_its_fields_are_checked() {
+        let c = parse("", "t").unwrap();
+        assert!(!c.tracing.enabled());
+        assert_eq!(c.tracing, TracingSettings::default());
+        let c = parse(
+            "[tracing]\notlp_endpoint = \"http://127.0.0.1:4317\"\nsample_ratio = 0.1\n\
+             service_name = \"edge\"\nexport_delay = \"200ms\"\n",
+            "t",
+        )
+        .unwrap();
+        assert!(c.tracing.enabled());
+        assert_eq!(c.tracing.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4317"));
+        assert_eq!((c.tracing.sample_ratio, c.tracing.service_name.as_str()), (0.1, "edge"));
+        assert_eq!(c.tracing.export_delay, std::time::Duration::from_millis(200));
+        // An integer ratio is a ratio too.
+        assert_eq!(parse("[tracing]\nsample_ratio = 1\n", "t").unwrap().tracing.sample_ratio, 1.0);
+        for (text, field, line) in [
+            ("[tracing]\notlp_endpoint = \"127.0.0.1:4317\"\n", "tracing.otlp_endpoint", 2),
+            ("[tracing]\n\notlp_endpoint = \"http://\"\n", "tracing.otlp_endpoint", 3),
+            ("[tracing]\notlp_endpoint = \"grpc://collector:4317\"\n", "tracing.otlp_endpoint", 2),
+            ("[tracing]\notlp_endpoint = \"http://a b:4317\"\n", "tracing.otlp_endpoint", 2),
+            ("[tracing]\nsample_ratio = 1.5\n", "tracing.sample_ratio", 2),
+            ("[tracing]\nsample_ratio = -0.1\n", "tracing.sample_ratio", 2),
+            ("[tracing]\nsample_ratio = nan\n", "tracing.sample_ratio", 2),
+            ("[tracing]\nservice_name = \" \"\n", "tracing.service_name", 2),
+            ("[tracing]\nexport_delay = \"2m\"\n", "tracing.export_delay", 2),
+        ] {
+            let e = error(text);
+            assert_eq!(e.line(), Some(line), "{text}: {e}");
+            assert!(e.to_string().contains(field), "{text}: {e}");
+        }
+        // Unknown fields and wrong types are refused at their line too.
+        assert_eq!(error("[tracing]\nendpoint = \"http://x:4317\"\n").line(), Some(2));
+        assert_eq!(error("[tracing]\nsample_ratio = \"all\"\n").line(), Some(2));
     }
 
     #[test]

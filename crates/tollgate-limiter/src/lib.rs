@@ -31,6 +31,7 @@ mod limiter;
 pub mod metrics;
 mod policy;
 pub mod reserve;
+mod traced;
 
 pub use breaker::BreakerState;
 pub use decision_log::{DecisionLogError, DecisionLogSettings, LoggedKey};

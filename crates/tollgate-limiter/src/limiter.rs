@@ -10,11 +10,14 @@ use tollgate_core::{
     Backend, Clock, Decision, Error, Lease, LeaseId, MemoryBackend, Operation, Part, RuleSet, SystemClock,
     Timestamp,
 };
+use tracing::Instrument as _;
+use tracing::field::Empty;
 
 use crate::breaker::{Breaker, BreakerState};
 use crate::decision_log::{self, DecisionLog, DecisionLogSettings};
 use crate::metrics as m;
 use crate::reserve::{self, Held, Leftover, Reservations, ReserveStats, Step};
+use crate::traced::traced;
 use crate::{Mode, OnLimit, Policy};
 
 /// What to answer when the primary backend fails (or its breaker is open).
@@ -266,6 +269,15 @@ impl Limiter {
     /// Under a policy with [`Reserve`](crate::Reserve) on, a hot key is answered from a block
     /// of units reserved in advance (see [`reserve`](crate::reserve)).
     pub async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Verdict, LimitError> {
+        let span = self.decision_span("check", || policy.name.to_string(), 1, cost);
+        if span.is_disabled() {
+            return self.check_untraced(key, policy, cost).await;
+        }
+        traced(span, self.check_untraced(key, policy, cost), |v| (outcome(v, true), v.degraded)).await
+    }
+
+    /// [`check`](Self::check) itself, outside its span.
+    async fn check_untraced(&self, key: &str, policy: &Policy, cost: u64) -> Result<Verdict, LimitError> {
         let op = Operation::Check { cost };
         let decided = match self.reserved(key, policy, cost).await? {
             Some(decided) => decided,
@@ -308,6 +320,19 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn check_all(&self, checks: &[Check<'_>]) -> Result<JointVerdict, LimitError> {
+        let span = self.batch_span("check_all", checks);
+        if span.is_disabled() {
+            return self.check_all_untraced(checks).await;
+        }
+        traced(span, self.check_all_untraced(checks), |joint| {
+            let degraded = joint.verdicts.iter().any(|v| v.degraded);
+            (if joint.admitted { "allowed" } else { "denied" }, degraded)
+        })
+        .await
+    }
+
+    /// [`check_all`](Self::check_all) itself, outside its span.
+    async fn check_all_untraced(&self, checks: &[Check<'_>]) -> Result<JointVerdict, LimitError> {
         let decisions = self.decide_checks(checks, &Check::parts(checks), true).await?;
         let verdicts: Vec<Verdict> =
             checks.iter().zip(decisions).map(|(c, d)| self.verdict(c.policy, d)).collect();
@@ -346,6 +371,19 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn check_each(&self, checks: &[Check<'_>]) -> Result<Vec<Verdict>, LimitError> {
+        let span = self.batch_span("check_each", checks);
+        if span.is_disabled() {
+            return self.check_each_untraced(checks).await;
+        }
+        traced(span, self.check_each_untraced(checks), |verdicts| {
+            let allowed = verdicts.iter().all(Verdict::allowed);
+            (if allowed { "allowed" } else { "denied" }, verdicts.iter().any(|v| v.degraded))
+        })
+        .await
+    }
+
+    /// [`check_each`](Self::check_each) itself, outside its span.
+    async fn check_each_untraced(&self, checks: &[Check<'_>]) -> Result<Vec<Verdict>, LimitError> {
         let parts: Vec<Part<'_>> = checks
             .iter()
             .zip(0..)
@@ -363,6 +401,20 @@ impl Limiter {
     /// Like [`check`](Self::check), with concurrency rules holding the units under a new lease
     /// (returned when the request is admitted and the rules hold one).
     pub async fn acquire(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<(Verdict, Option<Lease>), LimitError> {
+        let span = self.decision_span("acquire", || policy.name.to_string(), 1, cost);
+        if span.is_disabled() {
+            return self.acquire_untraced(key, policy, cost).await;
+        }
+        traced(span, self.acquire_untraced(key, policy, cost), |(v, _)| (outcome(v, true), v.degraded)).await
+    }
+
+    /// [`acquire`](Self::acquire) itself, outside its span.
+    async fn acquire_untraced(
         &self,
         key: &str,
         policy: &Policy,
@@ -747,11 +799,7 @@ impl Limiter {
         }
         // Metric labels share the policy name (an Arc) rather than copying it per decision.
         let name = Arc::clone(&policy.name);
-        let outcome = match (verdict.decision.allowed() && taken, verdict.shadow_denied) {
-            (true, _) => "allowed",
-            (false, true) => "shadow_denied",
-            (false, false) => "denied",
-        };
+        let outcome = outcome(verdict, taken);
         metrics::counter!(m::DECISIONS, "policy" => name.clone(), "outcome" => outcome).increment(1);
         if verdict.degraded {
             let failure_policy = self.inner.settings.on_failure.as_str();
@@ -806,7 +854,24 @@ impl Limiter {
         let failure = if inner.breaker.state() == BreakerState::Closed {
             let ticket = inner.breaker.ticket();
             let start = Instant::now();
-            let result = primary.await;
+            // The backend call's span (docs/api.md, "Tracing"), at DEBUG as the decision's.
+            let span = tracing::debug_span!(
+                "backend",
+                tollgate.backend = %inner.backend_name,
+                error.type = Empty,
+                otel.status_code = Empty,
+            );
+            // Off, no wrapper: dropping an `Instrumented` enters its span, even a disabled one.
+            let result = if span.is_disabled() {
+                primary.await
+            } else {
+                let result = primary.instrument(span.clone()).await;
+                if let Err(e) = &result {
+                    span.record("error.type", error_kind(e));
+                    span.record("otel.status_code", "ERROR");
+                }
+                result
+            };
             let backend = Arc::clone(&inner.backend_name);
             metrics::histogram!(m::BACKEND_SECONDS, "backend" => backend.clone())
                 .record(start.elapsed().as_secs_f64());
@@ -837,6 +902,42 @@ impl Limiter {
         }
     }
 
+    /// The span of one decision (docs/api.md, "Tracing"), `operation` naming the method; its
+    /// parent is the caller's current span (the request's). `policies` is called only for a
+    /// span that is on.
+    fn decision_span(
+        &self,
+        operation: &'static str,
+        policies: impl FnOnce() -> String,
+        checks: usize,
+        cost: u64,
+    ) -> tracing::Span {
+        tracing::debug_span!(
+            "decision",
+            tollgate.operation = operation,
+            tollgate.policy = policies(),
+            tollgate.checks = checks,
+            tollgate.cost = cost,
+            tollgate.backend = %self.inner.backend_name,
+            tollgate.decision = Empty,
+            tollgate.degraded = Empty,
+            error.type = Empty,
+            otel.status_code = Empty,
+        )
+    }
+
+    /// [`decision_span`](Self::decision_span) of a batch: its policies comma-separated, its
+    /// total cost.
+    fn batch_span(&self, operation: &'static str, checks: &[Check<'_>]) -> tracing::Span {
+        let names = || {
+            let mut names: Vec<&str> = checks.iter().map(|c| &*c.policy.name).collect();
+            names.dedup();
+            names.join(",")
+        };
+        let cost = checks.iter().fold(0u64, |total, c| total.saturating_add(c.cost));
+        self.decision_span(operation, names, checks.len(), cost)
+    }
+
     /// Pings the backend every `probe_interval` until it answers, then closes the breaker.
     fn spawn_probe(&self) {
         if !self.inner.breaker.start_probe() {
@@ -858,5 +959,15 @@ impl Limiter {
                 }
             }
         });
+    }
+}
+
+/// A verdict as the metrics and spans name it; `taken` is false for a check refused because
+/// another check of its batch was.
+fn outcome(verdict: &Verdict, taken: bool) -> &'static str {
+    match (verdict.decision.allowed() && taken, verdict.shadow_denied) {
+        (true, _) => "allowed",
+        (false, true) => "shadow_denied",
+        (false, false) => "denied",
     }
 }

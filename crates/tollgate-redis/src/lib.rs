@@ -42,6 +42,8 @@ use redis::{Cmd, RedisError, Script, ServerErrorKind, Value};
 use tollgate_core::limits::MAX_BATCH_PARTS;
 use tollgate_core::script::{self, Arg, StateLocation, Variant};
 use tollgate_core::{Backend, BatchPlan, Clock, Decision, Error, Operation, Part, RuleSet, validate_key};
+use tracing::Instrument as _;
+use tracing::field::Empty;
 
 use crate::coalesce::Coalescer;
 use crate::conn::{Connections, Missing};
@@ -412,6 +414,28 @@ impl Client {
         self.connections.script(call("EVALSHA", Some(prepared.get_hash())), Missing::Script(&eval)).await
     }
 
+    /// `result`, recorded on its [`redis_span`]: the engine that answered, or the error.
+    fn traced<T>(&self, span: &tracing::Span, result: Result<T, Error>) -> Result<T, Error> {
+        if span.is_disabled() {
+            return result;
+        }
+        match &result {
+            Ok(_) => {
+                span.record("tollgate.engine", self.engine.current());
+            }
+            Err(e) => {
+                let kind = match e {
+                    Error::Timeout(_) => "timeout",
+                    Error::Unavailable(_) => "unavailable",
+                    _ => "error",
+                };
+                span.record("error.type", kind);
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        result
+    }
+
     /// Runs `fut` within the timeout, mapping errors.
     async fn bounded<T>(&self, fut: impl Future<Output = Result<T, RedisError>>) -> Result<T, Error> {
         let result = match tokio::time::timeout(self.timeout, fut).await {
@@ -453,13 +477,17 @@ impl Backend for RedisBackend {
             return Ok(denied);
         }
         let sent = tokio::time::Instant::now();
-        let decision = match &self.coalescer {
-            Some(coalescer) => coalescer.execute(key, rules, op).await?,
-            None => {
-                let mut decisions = self.client.run(&[script::CallPart::alone(key, rules, op)]).await?;
-                decisions.pop().unwrap_or_else(|| unreachable!("one part, one decision"))
+        let span = redis_span(operation_name(op), 1, self.coalescer.is_some());
+        let decided = async {
+            match &self.coalescer {
+                Some(coalescer) => coalescer.execute(key, rules, op).await,
+                None => {
+                    let mut decisions = self.client.run(&[script::CallPart::alone(key, rules, op)]).await?;
+                    Ok(decisions.pop().unwrap_or_else(|| unreachable!("one part, one decision")))
+                }
             }
         };
+        let decision = self.client.traced(&span, decided.instrument(span.clone()).await)?;
         if let (Some(cache), Some(cost)) = (&self.deny_cache, check) {
             cache.put(key, rules, cost, sent, epoch, &decision);
         }
@@ -491,7 +519,9 @@ impl Backend for RedisBackend {
                     script::CallPart { key: part.key, rules: part.rules, op, joins }
                 })
                 .collect();
-            let decided = self.client.run(&script_parts).await?;
+            let span = redis_span("check_batch", script_parts.len(), false);
+            let decided = self.client.run(&script_parts).instrument(span.clone()).await;
+            let decided = self.client.traced(&span, decided)?;
             for (&i, decision) in order.iter().zip(decided) {
                 decisions[i] = Some(decision);
             }
@@ -563,7 +593,10 @@ impl Backend for RedisBackend {
         };
         let eval = || call("EVAL", RESET_LUA);
         let evalsha = call("EVALSHA", RESET_SCRIPT.get_hash());
-        self.client.bounded(self.client.connections.script(evalsha, Missing::Script(&eval))).await?;
+        let span = redis_span("reset", 1, false);
+        let reset = self.client.bounded(self.client.connections.script(evalsha, Missing::Script(&eval)));
+        let reset = reset.instrument(span.clone()).await;
+        self.client.traced(&span, reset)?;
         Ok(())
     }
 
@@ -587,6 +620,35 @@ impl Backend for RedisBackend {
             result = result.and(pinged);
         }
         result
+    }
+}
+
+/// The span of one call to Redis (docs/api.md, "Tracing"): `operation` is Tollgate's
+/// (check, acquire, release, refund, check_batch, reset), `parts` the operations the call
+/// carries. At DEBUG, as the limiter's spans: with tracing off its callsite is disabled. With
+/// coalescing it covers the wait for the batch this operation joined, and says so; a denial
+/// answered from the deny cache makes no call, and no span.
+fn redis_span(operation: &'static str, parts: usize, coalesced: bool) -> tracing::Span {
+    tracing::debug_span!(
+        "redis",
+        otel.kind = "client",
+        db.system.name = "redis",
+        tollgate.operation = operation,
+        tollgate.parts = parts,
+        tollgate.coalesced = coalesced,
+        tollgate.engine = Empty,
+        error.type = Empty,
+        otel.status_code = Empty,
+    )
+}
+
+/// An operation's name, as [`redis_span`] records it.
+fn operation_name(op: Operation<'_>) -> &'static str {
+    match op {
+        Operation::Check { .. } => "check",
+        Operation::Acquire { .. } => "acquire",
+        Operation::Release { .. } => "release",
+        Operation::Refund { .. } => "refund",
     }
 }
 

@@ -8,6 +8,7 @@
 mod bench;
 mod client;
 mod listen;
+mod otel;
 mod proxy;
 mod serve;
 mod simulate;

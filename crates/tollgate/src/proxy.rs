@@ -236,7 +236,7 @@ async fn forward(
 
 pub(crate) async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    crate::serve::init_logging(args.json_logs);
+    crate::serve::init_logging(args.json_logs, None);
 
     if args.upstream.scheme_str() != Some("http") || args.upstream.authority().is_none() {
         anyhow::bail!("--upstream must be an http://host:port URL (got {})", args.upstream);

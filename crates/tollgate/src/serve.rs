@@ -52,14 +52,19 @@ pub(crate) fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<tokio
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Logs to standard error: JSON lines, or text coloured only when standard error is a terminal
-/// and `NO_COLOR` is not set (a log file or journal gets no escape codes).
-pub(crate) fn init_logging(json: bool) {
+/// and `NO_COLOR` is not set (a log file or journal gets no escape codes). With a `tracer`,
+/// spans are exported too ([`crate::otel::layer`]); each side has its own filter, so RUST_LOG
+/// does not decide what is traced, nor tracing what is logged.
+pub(crate) fn init_logging(json: bool, tracer: Option<opentelemetry_sdk::trace::SdkTracer>) {
     use std::io::IsTerminal as _;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
-    if json { builder.json().init() } else { builder.init() }
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(colour);
+    let fmt = if json { fmt.json().boxed() } else { fmt.boxed() };
+    tracing_subscriber::registry().with(fmt.with_filter(filter)).with(tracer.map(crate::otel::layer)).init();
 }
 
 /// Logs each policy of the file whose state for one key could exceed `[server]
@@ -139,7 +144,19 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // rediss:// needs a TLS crypto provider; ring builds with a C compiler alone.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let config = load_config(&args)?;
-    init_logging(args.json_logs || config.server.json_logs);
+    let endpoint = crate::otel::endpoint(&config.tracing)?;
+    let (tracing, tracer) = match &endpoint {
+        Some(endpoint) => {
+            let (tracing, tracer) = crate::otel::Tracing::start(&config.tracing, endpoint)?;
+            (Some(tracing), Some(tracer))
+        }
+        None => (None, None),
+    };
+    init_logging(args.json_logs || config.server.json_logs, tracer);
+    if let Some(endpoint) = &endpoint {
+        tracing::info!(endpoint = %redact(endpoint), sample_ratio = config.tracing.sample_ratio,
+            service_name = %config.tracing.service_name, "tracing: spans are exported over OTLP");
+    }
     warn_of_large_policies(&config);
 
     let listen = config.server.listen;
@@ -163,18 +180,28 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .as_ref()
         .map(|path| watch_envoy(path, args.envoy_merge_domains, &envoy))
         .transpose()?;
-    serve_grpc(&args, envoy.clone(), crate::listen::Limits { max_body: None, ..limits }).await?;
+    let traced = tracing.is_some();
+    serve_grpc(&args, envoy.clone(), crate::listen::Limits { max_body: None, ..limits }, traced).await?;
     let limiter = state.limiter().clone();
     // Upstream's HTTP endpoints beside the API: /json, /healthcheck and /rlconfig.
     let health =
         tollgate_envoy::ops::Health::new(args.envoy_health_checks_backend, args.envoy_health_needs_config);
     let envoy_http =
         tollgate_envoy::json::router(envoy.clone()).merge(tollgate_envoy::ops::router(envoy, health));
-    let app = tollgate_server::router_with(state, envoy_http);
+    let app = with_request_spans(tollgate_server::router_with(state, envoy_http), traced);
     serve_http(listener, app, limits).await;
     // Reserved units not admitted go back to the backend (see tollgate_limiter::reserve).
     limiter.shutdown().await;
+    if let Some(tracing) = tracing {
+        tracing.shutdown().await;
+    }
     Ok(())
+}
+
+/// `app` with a span for each request when tracing is on ([`crate::otel::trace_request`]);
+/// `app` itself when it is off, so that an untraced request pays nothing for it.
+fn with_request_spans(app: axum::Router, traced: bool) -> axum::Router {
+    if traced { app.route_layer(axum::middleware::from_fn(crate::otel::trace_request)) } else { app }
 }
 
 /// The configuration file (or the built-in one) with the command line's overrides.
@@ -234,10 +261,11 @@ fn watch_config(path: &std::path::Path, state: &AppState) -> anyhow::Result<toll
                 || new.backend.kind != startup.backend.kind
                 || new.backend.url != startup.backend.url
                 || new.memory != startup.memory
+                || new.tracing != startup.tracing
             {
                 tracing::warn!(
-                    "server.listen, the connection bounds, [backend] and [memory] changes take \
-                     effect at the next restart"
+                    "server.listen, the connection bounds, [backend], [memory] and [tracing] \
+                     changes take effect at the next restart"
                 );
             }
             let names: Vec<&str> = new.policies.iter().map(|(n, _)| n).collect();
@@ -342,6 +370,7 @@ async fn serve_grpc(
     args: &ServeArgs,
     envoy: tollgate_envoy::EnvoyService,
     limits: crate::listen::Limits,
+    traced: bool,
 ) -> anyhow::Result<()> {
     let tls = match (&args.grpc_tls_cert, &args.grpc_tls_key) {
         (Some(cert), Some(key)) => Some(crate::tls::acceptor(
@@ -369,6 +398,7 @@ async fn serve_grpc(
     let grpc = tonic::service::Routes::new(health_service)
         .add_service(tollgate_envoy::EnvoyServer::new(envoy))
         .into_axum_router();
+    let grpc = with_request_spans(grpc, traced);
     tokio::spawn(crate::listen::serve(grpc_listener, grpc, limits, tls, std::future::pending()));
     Ok(())
 }

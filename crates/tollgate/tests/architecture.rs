@@ -203,3 +203,35 @@ fn the_checks_catch_what_they_guard() {
     edges.insert(("tollgate-b".into(), "tollgate-a".into()), Kind::Dev);
     assert_eq!(cycle(&edges).map(|c| c.len()), Some(3));
 }
+
+/// Whether a dependency is OpenTelemetry's (its API, SDK, exporters or the tracing bridge).
+fn is_opentelemetry(name: &str) -> bool {
+    name.starts_with("opentelemetry") || name == "tracing-opentelemetry"
+}
+
+#[test]
+fn only_the_binary_knows_opentelemetry() {
+    // The libraries make plain `tracing` spans; the binary exports them (docs/architecture.md,
+    // under the crate graph). Dev-dependencies are free: a test may run a collector.
+    assert!(is_opentelemetry("opentelemetry_sdk") && is_opentelemetry("tracing-opentelemetry"));
+    assert!(!is_opentelemetry("tracing") && !is_opentelemetry("tracing-subscriber"));
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(root())
+        .output()
+        .expect("cargo metadata runs");
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata is JSON");
+    let mut found = BTreeSet::new();
+    for package in meta["packages"].as_array().expect("packages") {
+        let name = package["name"].as_str().expect("name");
+        for dep in package["dependencies"].as_array().expect("dependencies") {
+            let dependency = dep["name"].as_str().expect("name");
+            if is_opentelemetry(dependency) && dep["kind"].as_str() != Some("dev") {
+                found.insert((name.to_owned(), dependency.to_owned()));
+            }
+        }
+    }
+    let elsewhere: Vec<_> = found.iter().filter(|(crate_, _)| crate_ != "tollgate").collect();
+    assert!(elsewhere.is_empty(), "OpenTelemetry outside the binary: {elsewhere:?}");
+    assert!(found.iter().any(|(_, d)| d == "tracing-opentelemetry"), "the binary exports: {found:?}");
+}

@@ -58,6 +58,10 @@ impl Tollgate {
         }
         let child = cmd
             .args(extra)
+            // Tracing is on only where a test turns it on.
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .env_remove("OTEL_SDK_DISABLED")
             .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .env_remove("TOLLGATE_CONFIG")
