@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tollgate_core::script::{self, Arg};
-use tollgate_core::{Operation, Period, Rule, RuleSet, Timestamp};
+use tollgate_core::{Operation, Part, Period, Rule, RuleSet, Timestamp};
 use tollgate_testkit::MapStore;
 
 fuzz_target!(|data: &[u8]| {
@@ -34,7 +34,7 @@ fn seed(store: &mut MapStore) {
         Rule::gcra(7, Period::MINUTE, 2),
     ])
     .expect("valid rules");
-    let parts = [script::CallPart::alone("a", &rules, Operation::Check { cost: 2 })];
+    let parts = [Part::operation("a", &rules, Operation::Check { cost: 2 })];
     let args: Vec<Vec<u8>> = script::arguments(&parts, Some(Timestamp::from_micros(1_700_000_000_000_000)))
         .iter()
         .map(|a| match a {

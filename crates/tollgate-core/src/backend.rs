@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use crate::decision::{Acquisition, Lease, LeaseId};
-use crate::{Decision, Error, Operation, Part, RuleSet};
+use crate::{BatchPlan, Decision, Error, Operation, Part, RuleSet};
 
 /// A store of rule states that runs [`Operation`]s atomically.
 ///
@@ -55,23 +55,34 @@ pub trait Backend: Send + Sync {
         Ok(1)
     }
 
-    /// Checks several keys in one atomic step (see [`Part`]): the parts of a group are
-    /// admitted all or nothing; groups are decided in the order they first appear. Returns each
+    /// Decides several parts in one atomic step (see [`Part`]; most are checks, any
+    /// [`Operation`] can be one): the parts of a group are admitted all or nothing; groups are decided in the order they first appear. Returns each
     /// part's decision, in the parts' order: its own rules' verdicts (so a part can be
     /// `allowed()` while its group was refused for another part), with what remains after the
     /// batch.
     ///
+    /// It validates and plans the batch ([`BatchPlan::new`]), then decides it with
+    /// [`check_planned`](Self::check_planned), which is what a backend implements: callers
+    /// that plan first (the limiter) call `check_planned` directly, so a backend overriding
+    /// this method instead would not be asked.
+    async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
+        self.check_planned(&BatchPlan::new(parts)?).await
+    }
+
+    /// [`check_batch`](Self::check_batch) of a batch its caller has validated and planned, so
+    /// that a batch is planned once however many layers it passes (a limiter validates before
+    /// its backend decides).
+    ///
     /// The default decides a batch whose groups are single parts, one `execute` each, and
     /// refuses joint groups with [`Error::JointUnsupported`]; both of Tollgate's backends
     /// decide any batch in one step.
-    async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
-        let joint = crate::BatchPlan::new(parts)?.groups().any(|group| group.len() > 1);
-        if joint {
+    async fn check_planned(&self, batch: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
+        if batch.groups().any(|group| group.len() > 1) {
             return Err(Error::JointUnsupported);
         }
-        let mut decisions = Vec::with_capacity(parts.len());
-        for part in parts {
-            decisions.push(self.execute(part.key, part.rules, Operation::Check { cost: part.cost }).await?);
+        let mut decisions = Vec::with_capacity(batch.parts().len());
+        for part in batch.parts() {
+            decisions.push(self.execute(part.key, part.rules, part.op).await?);
         }
         Ok(decisions)
     }

@@ -1,18 +1,21 @@
-//! [`Part`]: one key's check in a batch that a backend decides in one atomic step.
+//! [`Part`]: one operation on one key's state in a batch that a backend decides in one atomic
+//! step.
 
-use crate::RuleSet;
+use crate::{Operation, RuleSet};
 
-/// One key's check in a batch that a backend decides in one atomic step.
+/// One operation on one key's state, as part of a batch that a backend decides in one atomic
+/// step.
 ///
-/// A batch is how several keys are checked together: the descriptors of one Envoy request, or
-/// many callers' checks coalesced into one Redis call. Parts of the same *group* are all or
-/// nothing: consumed only if every one of them is admitted. Groups are decided one after
-/// another, in the order they first appear, so a later group sees an earlier one's
-/// consumption. A state named by several parts of one group (the same key under the same rule)
-/// is asked once, for the sum of their costs, so two parts never both spend one unit (see
-/// [`BatchPlan`](crate::BatchPlan), which validates a batch and plans its groups). On its way
-/// to a Redis script a batch's parts become [`script::CallPart`](crate::script::CallPart)s,
-/// ordered group by group.
+/// A batch is how several keys are decided together: the descriptors of one Envoy request, or
+/// many callers' operations coalesced into one Redis call. Most parts are checks
+/// ([`Part::new`]); any [`Operation`] can be one ([`Part::operation`]). Parts of the same
+/// *group* are all or nothing: consumed only if every one of them is admitted. Groups are
+/// decided one after another, in the order they first appear, so a later group sees an earlier
+/// one's consumption. A state named by several parts of one group (the same key under the same
+/// rule) is asked once, for the sum of their costs, so two parts never both spend one unit (see
+/// [`BatchPlan`](crate::BatchPlan), which validates a batch and plans its groups). The same
+/// type goes to a Redis script ([`script::arguments`](crate::script::arguments)), there with
+/// each group's parts next to each other.
 ///
 /// ```
 /// use tollgate_core::{ManualClock, MemoryBackend, Part, Period, Rule, RuleSet};
@@ -37,20 +40,34 @@ pub struct Part<'a> {
     pub key: &'a str,
     /// The rules it is checked under.
     pub rules: &'a RuleSet,
-    /// Units asked for; 0 peeks.
-    pub cost: u64,
+    /// What is done to it.
+    pub op: Operation<'a>,
     /// Parts with the same group are all or nothing together.
     pub group: u32,
 }
 
 impl<'a> Part<'a> {
-    /// A part in group 0 (with the batch's other group-0 parts, all or nothing).
+    /// A check of `cost` units (0 peeks) in group 0 (with the batch's other group-0 parts, all
+    /// or nothing).
     pub fn new(key: &'a str, rules: &'a RuleSet, cost: u64) -> Self {
-        Part { key, rules, cost, group: 0 }
+        Part::operation(key, rules, Operation::Check { cost })
+    }
+
+    /// Any operation, in group 0.
+    pub fn operation(key: &'a str, rules: &'a RuleSet, op: Operation<'a>) -> Self {
+        Part { key, rules, op, group: 0 }
     }
 
     /// The same part in `group`.
     pub fn in_group(self, group: u32) -> Self {
         Part { group, ..self }
+    }
+
+    /// The units the part asks of each of its states: a check's or an acquire's cost, else 0.
+    pub fn cost(&self) -> u64 {
+        match self.op {
+            Operation::Check { cost } | Operation::Acquire { cost, .. } => cost,
+            Operation::Refund { .. } | Operation::Release { .. } => 0,
+        }
     }
 }

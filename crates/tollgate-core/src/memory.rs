@@ -441,7 +441,12 @@ impl<C: Clock> MemoryBackend<C> {
     /// Checks a batch synchronously: see [`Part`] and [`Backend::check_batch`]. All the batch's
     /// keys are locked for the whole batch, so it is atomic.
     pub fn check_batch_now(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
-        let plan = BatchPlan::new(parts)?;
+        self.check_planned_now(&BatchPlan::new(parts)?)
+    }
+
+    /// [`check_batch_now`](Self::check_batch_now) of a batch already planned.
+    pub fn check_planned_now(&self, plan: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
+        let parts = plan.parts();
         let now = self.now();
         let mut shard_ids: SmallVec<[usize; 8]> = parts.iter().map(|p| self.shard_of(p.key)).collect();
         shard_ids.sort_unstable();
@@ -589,7 +594,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         self.reset_now(key, rules)
     }
 
-    async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
-        self.check_batch_now(parts)
+    async fn check_planned(&self, batch: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
+        self.check_planned_now(batch)
     }
 }

@@ -219,24 +219,27 @@ impl<'a, P> GroupPlan<'a, P> {
 }
 
 /// A batch of [`Part`]s, validated, with its groups in the order backends decide them (the
-/// order in which groups first appear) and each group's plan. See [`Part`].
+/// order in which groups first appear) and each group's plan. See [`Part`]. Built once, by
+/// whoever validates the batch first, and handed to the backend
+/// ([`Backend::check_planned`](crate::Backend::check_planned)), which decides from it.
 #[derive(Clone, Debug)]
 pub struct BatchPlan<'a> {
+    parts: &'a [Part<'a>],
     groups: Vec<(SmallVec<[usize; 4]>, GroupPlan<'a>)>,
 }
 
 impl<'a> BatchPlan<'a> {
-    /// Checks a batch before any backend is touched, and plans it: its size, each part as a
-    /// check (key, cost, no cost on a concurrency rule), and that each group's demand on every
+    /// Checks a batch before any backend is touched, and plans it: its size, each part's
+    /// operation ([`Operation::validate`]), and that each group's demand on every
     /// state fits the rule's capacity. An error about one part is [`Error::InPart`] (for a
     /// state asked too much, the part at which the group's demand on it passed the capacity).
-    pub fn new(parts: &[Part<'a>]) -> Result<Self, Error> {
+    pub fn new(parts: &'a [Part<'a>]) -> Result<Self, Error> {
         if parts.is_empty() || parts.len() > MAX_BATCH_PARTS {
             return Err(Error::BatchSize { parts: parts.len(), max: MAX_BATCH_PARTS });
         }
         let in_part = |part: usize, error: Error| Error::InPart { part, error: Box::new(error) };
         for (i, part) in parts.iter().enumerate() {
-            Operation::Check { cost: part.cost }.validate(part.key, part.rules).map_err(|e| in_part(i, e))?;
+            part.op.validate(part.key, part.rules).map_err(|e| in_part(i, e))?;
         }
         let mut members: Vec<(u32, SmallVec<[usize; 4]>)> = Vec::new();
         for (i, part) in parts.iter().enumerate() {
@@ -249,7 +252,7 @@ impl<'a> BatchPlan<'a> {
         for (_, group) in members {
             let plan = GroupPlan::new(group.iter().map(|&i| {
                 let part = &parts[i];
-                (part.key, part.rules, Operation::Check { cost: part.cost })
+                (part.key, part.rules, part.op)
             }));
             if let Some(over) = plan.over_capacity() {
                 let part = group[over.part];
@@ -265,7 +268,12 @@ impl<'a> BatchPlan<'a> {
             }
             groups.push((group, plan));
         }
-        Ok(BatchPlan { groups })
+        Ok(BatchPlan { parts, groups })
+    }
+
+    /// The batch's parts, in the caller's order.
+    pub fn parts(&self) -> &'a [Part<'a>] {
+        self.parts
     }
 
     /// Each group's parts (positions in the batch), group after group, in the order backends

@@ -6,8 +6,9 @@
 //! phases of the engine, `engine.rs`) last. The layout is defined once, by this module's
 //! constants: `engine.lua` names them (`PER_RULE`, `OP_CHECK`, ...), each name is replaced by
 //! its value when the script is assembled, and the heading comment gives the values. One
-//! invocation runs a batch of [`CallPart`]s (an [`Operation`] on one key's state under a whole
-//! rule set each, the parts of a group together), whatever the number of rules, atomically.
+//! invocation runs a batch of [`Part`]s (an [`Operation`] on one key's state under a whole
+//! rule set each, the parts of a group next to each other), whatever the number of rules,
+//! atomically.
 //!
 //! On Redis 7.0 and later the backend loads one Redis Functions [`library`] per node, with
 //! every algorithm: `FUNCTION LOAD` defines its functions once, and each call (`FCALL`) runs
@@ -51,7 +52,7 @@ use smallvec::SmallVec;
 use crate::algorithm::{Admission, LUA_TWINS, Report, to_i64};
 use crate::plan::GroupPlan;
 use crate::ruleset::CompiledRule;
-use crate::{Decision, Operation, RuleSet, Timestamp};
+use crate::{BatchPlan, Decision, Operation, Part, RuleSet, Timestamp};
 
 pub use call::{CallError, execute, execute_into, parse_int};
 pub use store::{Store, StoreError};
@@ -173,7 +174,7 @@ impl Variant {
     }
 
     /// The variant that holds every algorithm of `parts`.
-    pub fn of_parts(parts: &[CallPart<'_>]) -> Variant {
+    pub fn of_parts(parts: &[Part<'_>]) -> Variant {
         Variant(parts.iter().fold(0, |mask, part| mask | Variant::of(part.rules).0))
     }
 
@@ -261,33 +262,6 @@ pub struct ReplyError {
     got: usize,
 }
 
-/// One part of a script call: an operation on one key's state under a rule set, and whether it
-/// is all or nothing with the part before it (in its group). A "part" in `engine.lua` is one
-/// of these.
-///
-/// It is a batch's [`Part`](crate::Part) as the script takes it: any operation, not only a
-/// check, and its group given by position (`joins`) rather than by number, since the script
-/// reads the parts in one pass. The Redis backend orders a batch's parts group by group and
-/// turns each into one of these; a lone operation is one [`alone`](CallPart::alone).
-#[derive(Clone, Copy, Debug)]
-pub struct CallPart<'a> {
-    /// The key whose state it is (its state keys are the caller's to name: see [`locations`]).
-    pub key: &'a str,
-    /// The rules.
-    pub rules: &'a RuleSet,
-    /// The operation.
-    pub op: Operation<'a>,
-    /// True when the part is in the previous part's group.
-    pub joins: bool,
-}
-
-impl<'a> CallPart<'a> {
-    /// A part starting its own group.
-    pub fn alone(key: &'a str, rules: &'a RuleSet, op: Operation<'a>) -> Self {
-        CallPart { key, rules, op, joins: false }
-    }
-}
-
 /// A distinct rule as sent: its algorithm's number and parameters, and its field prefix.
 type SentRule<'a> = ([i64; 1 + LUA_PARAMETERS], &'a str);
 
@@ -297,9 +271,39 @@ fn sent_rule(rule: &CompiledRule) -> SentRule<'_> {
 }
 
 /// The script's arguments for `parts` (see the [module docs](self)), decided in one call; with
-/// `now` of `None` the script reads Redis's clock. The parts of a group must be consecutive
-/// (`joins`).
-pub fn arguments<'a>(parts: &[CallPart<'a>], now: Option<Timestamp>) -> Vec<Arg<'a>> {
+/// `now` of `None` the script reads Redis's clock. The parts of a group must be next to each
+/// other: a part joins the group of the part before it when their `group` numbers are equal.
+pub fn arguments<'a>(parts: &[Part<'a>], now: Option<Timestamp>) -> Vec<Arg<'a>> {
+    arguments_with(parts, now, |group| {
+        first_uses(&GroupPlan::new(group.iter().map(|p| (p.key, p.rules, p.op))))
+    })
+}
+
+/// The script's arguments for a planned batch, decided in one call, with the batch's parts in
+/// the order they are sent (group after group, as the script wants them): [`arguments`]
+/// without planning the groups again.
+pub fn batch_arguments<'a>(batch: &BatchPlan<'a>, now: Option<Timestamp>) -> (Vec<Part<'a>>, Vec<Arg<'a>>) {
+    let parts: Vec<Part<'a>> = batch.groups().flatten().map(|&i| batch.parts()[i]).collect();
+    let mut plans = batch.planned().iter().map(|(_, plan)| plan);
+    // Called once per joint group, in order (groups of one part need no plan).
+    let mut next_joint = || loop {
+        match plans.next() {
+            Some(plan) if plan.parts().len() > 1 => return first_uses(plan),
+            Some(_) => continue,
+            None => unreachable!("one plan per joint group"),
+        }
+    };
+    let args = arguments_with(&parts, now, |_| next_joint());
+    (parts, args)
+}
+
+/// [`arguments`], with the plan of each joint group (given its parts, in order) from `plan_of`.
+fn arguments_with<'a>(
+    parts: &[Part<'a>],
+    now: Option<Timestamp>,
+    mut plan_of: impl FnMut(&[Part<'a>]) -> SmallVec<[i64; 16]>,
+) -> Vec<Arg<'a>> {
+    let joins = |i: usize| i > 0 && i < parts.len() && parts[i - 1].group == parts[i].group;
     // The distinct rules, and each part's rule numbers.
     let mut rules: Vec<SentRule<'a>> = Vec::new();
     let mut numbers: Vec<i64> = Vec::with_capacity(parts.iter().map(|p| p.rules.len()).sum());
@@ -330,9 +334,9 @@ pub fn arguments<'a>(parts: &[CallPart<'a>], now: Option<Timestamp>) -> Vec<Arg<
     let mut plan: SmallVec<[i64; 16]> = SmallVec::new();
     let mut planned = 0; // entries of `plan` sent
     for (i, part) in parts.iter().enumerate() {
-        let joint = parts.get(i + 1).is_some_and(|next| next.joins);
+        let joint = joins(i + 1);
         let lone_check = match part.op {
-            Operation::Check { cost } if part.rules.len() == 1 && !part.joins && !joint => Some(cost),
+            Operation::Check { cost } if part.rules.len() == 1 && !joins(i) && !joint => Some(cost),
             Operation::Check { .. }
             | Operation::Acquire { .. }
             | Operation::Refund { .. }
@@ -355,12 +359,12 @@ pub fn arguments<'a>(parts: &[CallPart<'a>], now: Option<Timestamp>) -> Vec<Arg<
             continue;
         }
         run = None;
-        if !part.joins {
+        if !joins(i) {
             plan.clear();
             planned = 0;
             if joint {
-                let end = parts[i + 1..].iter().position(|p| !p.joins).map_or(parts.len(), |n| i + 1 + n);
-                plan = group_plan(&parts[i..end]);
+                let end = (i + 1..parts.len()).find(|&n| !joins(n)).unwrap_or(parts.len());
+                plan = plan_of(&parts[i..end]);
             }
         }
         let (code, amount, lease_id, lease_units) = match part.op {
@@ -373,7 +377,7 @@ pub fn arguments<'a>(parts: &[CallPart<'a>], now: Option<Timestamp>) -> Vec<Arg<
         args.push(Arg::Int(to_i64(amount)));
         args.push(Arg::Text(lease_id));
         args.push(Arg::Int(to_i64(lease_units)));
-        args.push(Arg::Int(i64::from(part.joins)));
+        args.push(Arg::Int(i64::from(joins(i))));
         args.push(Arg::Int(part.rules.len() as i64));
         for number in numbers.by_ref().take(part.rules.len()) {
             // A later use of a state points at the group's first (see the module docs).
@@ -388,13 +392,12 @@ pub fn arguments<'a>(parts: &[CallPart<'a>], now: Option<Timestamp>) -> Vec<Arg<
     args
 }
 
-/// For each rule entry of a group (its parts' rules in order): 0 when it is the first to name
-/// its state, else `-j` for the group's `j`-th entry (from 1), which named it first.
-fn group_plan(group: &[CallPart<'_>]) -> SmallVec<[i64; 16]> {
-    let plan = GroupPlan::new(group.iter().map(|p| (p.key, p.rules, p.op)));
+/// For each rule entry of a group's `plan` (its parts' rules in order): 0 when it is the first
+/// to name its state, else `-j` for the group's `j`-th entry (from 1), which named it first.
+fn first_uses(plan: &GroupPlan<'_>) -> SmallVec<[i64; 16]> {
     let mut first: SmallVec<[Option<i64>; 16]> = SmallVec::from_elem(None, plan.states().len());
     let mut out = SmallVec::new();
-    for p in 0..group.len() {
+    for p in 0..plan.parts().len() {
         for &state in plan.uses(p) {
             let entry = out.len() as i64 + 1;
             let first = &mut first[usize::from(state)];
@@ -411,7 +414,7 @@ fn group_plan(group: &[CallPart<'_>]) -> SmallVec<[i64; 16]> {
 }
 
 /// Each part's decision in the script's reply, and the time the script decided at.
-pub fn decode(parts: &[CallPart<'_>], reply: &[i64]) -> Result<(Timestamp, Vec<Decision>), ReplyError> {
+pub fn decode(parts: &[Part<'_>], reply: &[i64]) -> Result<(Timestamp, Vec<Decision>), ReplyError> {
     let expected = 1 + 4 * parts.iter().map(|p| p.rules.len()).sum::<usize>();
     if reply.len() != expected {
         return Err(ReplyError { expected, got: reply.len() });
@@ -479,13 +482,13 @@ mod tests {
             RuleSet::new([Rule::fixed_window(5, Period::SECOND), Rule::gcra(3, Period::MINUTE, 2)]).unwrap();
         let check = |cost| Operation::Check { cost };
         let parts = [
-            CallPart::alone("k", &one, check(1)),
-            CallPart::alone("k", &one, check(2)),
+            Part::operation("k", &one, check(1)),
+            Part::operation("k", &one, check(2)).in_group(1),
             // a group of two: not lone, though single-rule
-            CallPart::alone("k", &one, check(3)),
-            CallPart { key: "k2", rules: &one, op: check(4), joins: true },
-            CallPart::alone("k", &two, check(5)),
-            CallPart::alone("k", &one, check(6)),
+            Part::operation("k", &one, check(3)).in_group(2),
+            Part::operation("k2", &one, check(4)).in_group(2),
+            Part::operation("k", &two, check(5)).in_group(3),
+            Part::operation("k", &one, check(6)).in_group(4),
         ];
         let args = arguments(&parts, Some(Timestamp::from_micros(7)));
         let text: Vec<String> = args
@@ -546,16 +549,37 @@ mod tests {
     }
 
     #[test]
+    fn a_planned_batch_sends_what_its_parts_in_group_order_send() {
+        let one = RuleSet::new([Rule::fixed_window(5, Period::SECOND)]).unwrap();
+        let two =
+            RuleSet::new([Rule::gcra(3, Period::MINUTE, 2), Rule::fixed_window(5, Period::SECOND)]).unwrap();
+        let batch = [
+            Part::new("a", &one, 1).in_group(7),
+            Part::new("b", &two, 2).in_group(3),
+            Part::new("a", &two, 1).in_group(7),
+            Part::new("c", &one, 1).in_group(4),
+            Part::new("b", &one, 1).in_group(3),
+            Part::new("a", &one, 1).in_group(7),
+        ];
+        let plan = BatchPlan::new(&batch).unwrap();
+        let now = Some(Timestamp::from_micros(9));
+        let (sent, args) = batch_arguments(&plan, now);
+        let keys: Vec<&str> = sent.iter().map(|p| p.key).collect();
+        assert_eq!(keys, ["a", "a", "a", "b", "b", "c"]);
+        assert_eq!(args, arguments(&sent, now));
+    }
+
+    #[test]
     fn a_group_sends_its_plan() {
         let one = RuleSet::new([Rule::fixed_window(5, Period::SECOND)]).unwrap();
         let two =
             RuleSet::new([Rule::gcra(3, Period::MINUTE, 2), Rule::fixed_window(5, Period::SECOND)]).unwrap();
         let check = |cost| Operation::Check { cost };
         let parts = [
-            CallPart::alone("a", &one, check(1)),
-            CallPart { key: "b", rules: &one, op: check(1), joins: true },
-            CallPart { key: "a", rules: &two, op: check(1), joins: true },
-            CallPart::alone("a", &two, check(1)),
+            Part::operation("a", &one, check(1)),
+            Part::operation("b", &one, check(1)),
+            Part::operation("a", &two, check(1)),
+            Part::operation("a", &two, check(1)).in_group(1),
         ];
         let args = arguments(&parts, Some(Timestamp::from_micros(7)));
         let tail: Vec<i64> = args

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tollgate_core::{
-    Backend, Clock, Decision, Error, Lease, LeaseId, MemoryBackend, Operation, Part, RuleSet, SystemClock,
-    Timestamp,
+    Backend, BatchPlan, Clock, Decision, Error, Lease, LeaseId, MemoryBackend, Operation, Part, RuleSet,
+    SystemClock, Timestamp,
 };
 use tracing::Instrument as _;
 use tracing::field::Empty;
@@ -593,15 +593,15 @@ impl Limiter {
         parts: &[Part<'_>],
         joint: bool,
     ) -> Result<Vec<(Decision, bool)>, LimitError> {
-        tollgate_core::BatchPlan::new(parts).map_err(LimitError::Invalid)?;
+        let plan = BatchPlan::new(parts).map_err(LimitError::Invalid)?;
         if !checks.iter().any(|c| c.policy.reserve.is_on() && c.cost > 0) {
-            let (decisions, degraded) = self.decide_batch(parts).await?;
+            let (decisions, degraded) = self.decide_batch(&plan).await?;
             return Ok(decisions.into_iter().map(|d| (d, degraded)).collect());
         }
         let in_joint = |i: usize| joint && parts[i].group == 0;
         let mut answers: Vec<Option<(Decision, bool)>> = vec![None; checks.len()];
         let mut held = Vec::new();
-        let mut sizes: Vec<u64> = parts.iter().map(|p| p.cost).collect();
+        let mut sizes: Vec<u64> = parts.iter().map(Part::cost).collect();
         for (i, c) in checks.iter().enumerate() {
             if !c.policy.reserve.is_on() || c.cost == 0 {
                 continue;
@@ -649,19 +649,22 @@ impl Limiter {
             return Ok(());
         }
         let plain: Vec<Part<'_>> = pending.iter().map(|&i| parts[i]).collect();
-        let sized: Vec<Part<'_>> = pending.iter().map(|&i| Part { cost: sizes[i], ..parts[i] }).collect();
-        let reserving: Vec<usize> = pending.iter().copied().filter(|&i| sizes[i] > parts[i].cost).collect();
+        let sized: Vec<Part<'_>> = pending
+            .iter()
+            .map(|&i| Part::new(parts[i].key, parts[i].rules, sizes[i]).in_group(parts[i].group))
+            .collect();
+        let reserving: Vec<usize> = pending.iter().copied().filter(|&i| sizes[i] > parts[i].cost()).collect();
         let abandon =
             |which: &[usize]| which.iter().for_each(|&i| table.abandoned(checks[i].key, checks[i].policy));
         // Blocks too large for the batch's plan (the same key twice in a group): no blocks.
-        if !reserving.is_empty() && tollgate_core::BatchPlan::new(&sized).is_err() {
+        let Ok(sized_plan) = BatchPlan::new(&sized) else {
             abandon(&reserving);
             return self.decide_into(&pending, &plain, answers).await;
-        }
+        };
         let sent = table.now();
         let answered = self
             .answer(
-                self.inner.primary.check_batch(&sized),
+                self.inner.primary.check_planned(&sized_plan),
                 || plain.iter().map(|p| Decision::admitted_unchecked(p.rules)).collect(),
                 |fallback| fallback.check_batch_now(&plain),
             )
@@ -718,7 +721,8 @@ impl Limiter {
         if which.is_empty() {
             return Ok(());
         }
-        let (decisions, degraded) = self.decide_batch(parts).await?;
+        let plan = BatchPlan::new(parts).map_err(LimitError::Invalid)?;
+        let (decisions, degraded) = self.decide_batch(&plan).await?;
         which.iter().zip(decisions).for_each(|(&i, d)| answers[i] = Some((d, degraded)));
         Ok(())
     }
@@ -830,12 +834,13 @@ impl Limiter {
         .await
     }
 
-    /// A batch (already validated), as [`decide`](Self::decide) does one operation.
-    async fn decide_batch(&self, parts: &[Part<'_>]) -> Result<(Vec<Decision>, bool), LimitError> {
+    /// A batch (validated and planned once, by the caller), as [`decide`](Self::decide) does
+    /// one operation.
+    async fn decide_batch(&self, batch: &BatchPlan<'_>) -> Result<(Vec<Decision>, bool), LimitError> {
         self.answer(
-            self.inner.primary.check_batch(parts),
-            || parts.iter().map(|p| Decision::admitted_unchecked(p.rules)).collect(),
-            |fallback| fallback.check_batch_now(parts),
+            self.inner.primary.check_planned(batch),
+            || batch.parts().iter().map(|p| Decision::admitted_unchecked(p.rules)).collect(),
+            |fallback| fallback.check_planned_now(batch),
         )
         .await
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tollgate_core::{
-    Backend, Clock, Decision, Error, MemoryBackend, Operation, Part, Period, Rule, RuleSet, Timestamp,
+    Backend, BatchPlan, Clock, Decision, Error, MemoryBackend, Operation, Period, Rule, RuleSet, Timestamp,
 };
 use tollgate_limiter::{
     BreakerState, Check, FailurePolicy, LimitError, Limiter, LimiterSettings, Mode, OnLimit, Policy,
@@ -58,9 +58,9 @@ impl Backend for Flaky {
         self.fail()?;
         self.inner.execute_now(key, rules, op)
     }
-    async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
+    async fn check_planned(&self, batch: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
         self.fail()?;
-        self.inner.check_batch_now(parts)
+        self.inner.check_planned_now(batch)
     }
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
         self.fail()?;

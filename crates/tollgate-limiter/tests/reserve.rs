@@ -10,7 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use proptest::prelude::*;
 use tollgate_core::{
-    Backend, Decision, Error, ManualClock, MemoryBackend, Operation, Part, Period, Rule, RuleSet, Timestamp,
+    Backend, BatchPlan, Decision, Error, ManualClock, MemoryBackend, Operation, Period, Rule, RuleSet,
+    Timestamp,
 };
 use tollgate_limiter::reserve::{HOT_HITS, SWEEP_EVERY};
 use tollgate_limiter::{Check, FailurePolicy, Limiter, LimiterSettings, Policy, Reserve};
@@ -39,7 +40,7 @@ impl Backend for Shared {
         }
         self.inner.execute_now(key, rules, op)
     }
-    async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
+    async fn check_planned(&self, batch: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         if self.yields.load(Ordering::Relaxed) {
             tokio::task::yield_now().await;
@@ -47,7 +48,7 @@ impl Backend for Shared {
         if self.down.load(Ordering::Relaxed) {
             return Err(Error::Unavailable("down".into()));
         }
-        self.inner.check_batch_now(parts)
+        self.inner.check_planned_now(batch)
     }
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
         self.inner.reset_now(key, rules)

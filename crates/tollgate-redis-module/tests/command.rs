@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{call, check, connect, decide_module, server_with_module};
 use redis::Value;
-use tollgate_core::script::CallPart;
-use tollgate_core::{Lease, LeaseId, Operation, Period, Rule, RuleSet, Timestamp};
+use tollgate_core::{Lease, LeaseId, Operation, Part, Period, Rule, RuleSet, Timestamp};
 
 /// Every scalar of a reply, depth first, as text.
 fn flatten(value: &Value, out: &mut Vec<String>) {
@@ -162,7 +161,7 @@ fn a_written_key_aborts_a_watched_transaction_and_a_denied_check_does_not() {
     let now = Some(Timestamp::from_micros(1_800_000_000_000_000));
     let rules = RuleSet::new([Rule::fixed_window(2, Period::HOUR), Rule::gcra(2, Period::HOUR, 2)]).unwrap();
     let key = common::state_keys("w", &rules).remove(0);
-    let mut decide = |parts: &[CallPart<'_>]| decide_module(&mut conn, &call(parts, now)).unwrap();
+    let mut decide = |parts: &[Part<'_>]| decide_module(&mut conn, &call(parts, now)).unwrap();
 
     // Admitted: the states change, the key is written, the transaction aborts.
     let admitted = watched_transaction_commits(&mut watcher, &key, || {
@@ -188,7 +187,7 @@ fn a_written_key_aborts_a_watched_transaction_and_a_denied_check_does_not() {
 
     // And a write after the denial aborts again (the signal is per call, not lost).
     let refunded = watched_transaction_commits(&mut watcher, &key, || {
-        decide(&[CallPart::alone("w", &rules, Operation::Refund { amount: 1 })]);
+        decide(&[Part::operation("w", &rules, Operation::Refund { amount: 1 })]);
     });
     assert!(!refunded, "a refund wrote the key");
 }
@@ -233,8 +232,8 @@ fn many_calls_on_existing_keys_leave_the_servers_memory_flat() {
                 let calls = [
                     call(&[check(key, &hashes, 1)], at),
                     call(&[check(key, &log, 0)], at),
-                    call(&[CallPart::alone(key, &leases, acquire)], at),
-                    call(&[CallPart::alone(key, &leases, release)], at),
+                    call(&[Part::operation(key, &leases, acquire)], at),
+                    call(&[Part::operation(key, &leases, release)], at),
                 ];
                 for c in calls {
                     pipe.cmd("TOLLGATE.DECIDE").arg(c.keys.len()).arg(&c.keys).arg(&c.argv);
@@ -249,7 +248,7 @@ fn many_calls_on_existing_keys_leave_the_servers_memory_flat() {
         let at = Some(Timestamp::from_micros(now));
         decide_module(&mut conn, &call(&[check(key, &log, 1)], at)).unwrap();
         let acquire = Operation::Acquire { cost: 1, lease: &held.id };
-        decide_module(&mut conn, &call(&[CallPart::alone(key, &leases, acquire)], at)).unwrap();
+        decide_module(&mut conn, &call(&[Part::operation(key, &leases, acquire)], at)).unwrap();
     }
     round(&mut conn, 50, 1);
     let before = used_memory(&mut conn);

@@ -11,8 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use common::{
     Call, Entry, Rng, call, connect, decide_lua, decide_module, dump, load_script, server_with_module,
 };
-use tollgate_core::script::CallPart;
-use tollgate_core::{Lease, LeaseId, Operation, Period, Rule, RuleSet, Timestamp};
+use tollgate_core::{Lease, LeaseId, Operation, Part, Period, Rule, RuleSet, Timestamp};
 use tollgate_testkit::{MapStore, RedisServer, Value};
 
 fn rule_sets() -> Vec<RuleSet> {
@@ -51,27 +50,29 @@ struct Step {
 
 /// Whether a backend would send `step`: every operation valid for its rules (no cost checked
 /// on a concurrency rule: that is what `acquire` is for), and no group asking a state for more
-/// than its rule's capacity (leases aside: a step acquires at most once, within the limit).
+/// than its rule's capacity.
 fn valid(step: &[(String, usize, Op, bool)], sets: &[RuleSet]) -> bool {
+    tollgate_core::BatchPlan::new(&parts_of(step, sets)).is_ok()
+}
+
+/// The parts of `step`: a part that does not join the one before starts the next group.
+fn parts_of<'a>(step: &'a [(String, usize, Op, bool)], sets: &'a [RuleSet]) -> Vec<Part<'a>> {
     let mut group = 0;
-    let mut batch = Vec::new();
-    for (i, (key, set, op, joins)) in step.iter().enumerate() {
-        let operation = match op {
-            Op::Check(cost) => Operation::Check { cost: *cost },
-            Op::Acquire(cost, lease) => Operation::Acquire { cost: *cost, lease },
-            Op::Refund(amount) => Operation::Refund { amount: *amount },
-            Op::Release(lease) => Operation::Release { lease },
-        };
-        if operation.validate(key, &sets[*set]).is_err() {
-            return false;
-        }
-        if i > 0 && !joins {
-            group += 1;
-        }
-        let cost = if let Op::Check(cost) = op { *cost } else { 0 };
-        batch.push(tollgate_core::Part { key, rules: &sets[*set], cost, group });
-    }
-    tollgate_core::BatchPlan::new(&batch).is_ok()
+    step.iter()
+        .enumerate()
+        .map(|(i, (key, set, op, joins))| {
+            if i > 0 && !joins {
+                group += 1;
+            }
+            let op = match op {
+                Op::Check(cost) => Operation::Check { cost: *cost },
+                Op::Acquire(cost, lease) => Operation::Acquire { cost: *cost, lease },
+                Op::Refund(amount) => Operation::Refund { amount: *amount },
+                Op::Release(lease) => Operation::Release { lease },
+            };
+            Part::operation(key, &sets[*set], op).in_group(group)
+        })
+        .collect()
 }
 
 /// A seeded script of valid steps over four keys and every rule set, time moving 0 to 400 ms
@@ -122,21 +123,7 @@ fn steps(seed: u64, count: usize, sets: &[RuleSet]) -> Vec<Step> {
 }
 
 fn to_call(step: &Step, sets: &[RuleSet]) -> Call {
-    let parts: Vec<CallPart<'_>> = step
-        .parts
-        .iter()
-        .map(|(key, set, op, joins)| CallPart {
-            key,
-            rules: &sets[*set],
-            op: match op {
-                Op::Check(cost) => Operation::Check { cost: *cost },
-                Op::Acquire(cost, lease) => Operation::Acquire { cost: *cost, lease },
-                Op::Refund(amount) => Operation::Refund { amount: *amount },
-                Op::Release(lease) => Operation::Release { lease },
-            },
-            joins: *joins,
-        })
-        .collect();
+    let parts = parts_of(&step.parts, sets);
     call(&parts, Some(step.now))
 }
 

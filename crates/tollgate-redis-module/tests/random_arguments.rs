@@ -8,8 +8,8 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{Rng, call, check, connect, decide_module, dump, server_with_module};
-use tollgate_core::script::{CallPart, OP_ACQUIRE, OP_CHECK, OP_REFUND, OP_RELEASE, OP_RUN};
-use tollgate_core::{LeaseId, Operation, Period, Rule, RuleSet};
+use tollgate_core::script::{OP_ACQUIRE, OP_CHECK, OP_REFUND, OP_RELEASE, OP_RUN};
+use tollgate_core::{LeaseId, Operation, Part, Period, Rule, RuleSet};
 
 const VECTORS: usize = 10_000;
 
@@ -56,14 +56,15 @@ fn random_arg(rng: &mut Rng) -> Vec<u8> {
 fn valid_call(rng: &mut Rng, sets: &[RuleSet]) -> Vec<Vec<u8>> {
     let keys: Vec<String> = (0..3).map(|i| format!("fz{i}")).collect();
     let lease: LeaseId = "fuzz".parse().unwrap();
-    let parts: Vec<CallPart<'_>> = (0..1 + rng.below(3))
-        .map(|_| {
+    let parts: Vec<Part<'_>> = (0..1 + rng.below(3) as u32)
+        .map(|group| {
             let key = &keys[rng.below(3) as usize];
             let rules = &sets[rng.below(sets.len() as u64) as usize];
             match rng.below(3) {
-                0 => CallPart::alone(key, rules, Operation::Acquire { cost: 1, lease: &lease }),
+                0 => Part::operation(key, rules, Operation::Acquire { cost: 1, lease: &lease }),
                 _ => check(key, rules, rng.below(3)),
             }
+            .in_group(group)
         })
         .collect();
     let call = call(&parts, None);
@@ -116,7 +117,7 @@ fn ten_thousand_random_argument_vectors_leave_the_server_alive_and_its_keys_inta
             } else {
                 Operation::Check { cost: 1 }
             };
-            decide_module(&mut conn, &call(&[CallPart::alone(key, set, op)], None)).unwrap();
+            decide_module(&mut conn, &call(&[Part::operation(key, set, op)], None)).unwrap();
         }
     }
     let _: () = redis::cmd("SET").arg("plain").arg("value").query(&mut conn).unwrap();

@@ -8,8 +8,7 @@ mod common;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{call, check, connect, decide_module, dump, server_with_module};
-use tollgate_core::script::CallPart;
-use tollgate_core::{Lease, LeaseId, Operation, Period, Rule, RuleSet, Timestamp};
+use tollgate_core::{Lease, LeaseId, Operation, Part, Period, Rule, RuleSet, Timestamp};
 use tollgate_testkit::RedisServer;
 
 /// A master with the module and a replica of it (without), the link up.
@@ -57,23 +56,23 @@ fn a_replica_and_the_aof_hold_the_masters_keys_fields_and_ttls() {
         RuleSet::new([Rule::fixed_window(2, Period::SECOND)]).unwrap(),
     ];
     let mut conn = connect(&master);
-    let mut decide = |parts: &[CallPart<'_>], now: Option<Timestamp>| {
+    let mut decide = |parts: &[Part<'_>], now: Option<Timestamp>| {
         decide_module(&mut conn, &call(parts, now)).unwrap_or_else(|e| panic!("{parts:?}: {e}"))
     };
     // Redis's clock: HSET, ZADD, PEXPIREAT.
     for key in ["a", "b", "c"] {
         for cost in [1, 2, 1] {
-            decide(&[check(key, &sets[0], cost), check(key, &sets[2], 1)], None);
+            decide(&[check(key, &sets[0], cost), check(key, &sets[2], 1).in_group(1)], None);
         }
     }
     let lease = Lease { id: "held".parse::<LeaseId>().unwrap(), units: 1 };
-    decide(&[CallPart::alone("d", &sets[1], Operation::Acquire { cost: 1, lease: &lease.id })], None);
+    decide(&[Part::operation("d", &sets[1], Operation::Acquire { cost: 1, lease: &lease.id })], None);
     decide(
-        &[CallPart::alone("d", &sets[1], Operation::Acquire { cost: 1, lease: &"freed".parse().unwrap() })],
+        &[Part::operation("d", &sets[1], Operation::Acquire { cost: 1, lease: &"freed".parse().unwrap() })],
         None,
     );
     decide(
-        &[CallPart::alone(
+        &[Part::operation(
             "d",
             &sets[1],
             Operation::Release { lease: &Lease { id: "freed".parse().unwrap(), units: 1 } },
@@ -83,7 +82,10 @@ fn a_replica_and_the_aof_hold_the_masters_keys_fields_and_ttls() {
     // A call an hour ahead finds the short windows passed: the engine deletes their fields (HDEL)
     // and rewrites the rest.
     let later = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as u64 + 3_600_000_000;
-    decide(&[check("c", &sets[0], 0), check("c", &sets[2], 0)], Some(Timestamp::from_micros(later)));
+    decide(
+        &[check("c", &sets[0], 0), check("c", &sets[2], 0).in_group(1)],
+        Some(Timestamp::from_micros(later)),
+    );
 
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut conn).unwrap();
     assert_eq!(acked, 1, "the replica acknowledged the writes");
@@ -127,7 +129,7 @@ fn a_ttl_is_written_only_when_it_must_grow() {
         [Period::SECOND, Period::MINUTE, Period::HOUR, Period::DAY, Period::WEEK, Period::MONTH_30_DAYS];
     let six = RuleSet::new(periods.iter().map(|p| Rule::fixed_window(1000, *p))).unwrap();
     let key = common::state_keys("ttl", &six).remove(0);
-    let decide = |conn: &mut redis::Connection, parts: &[CallPart<'_>]| {
+    let decide = |conn: &mut redis::Connection, parts: &[Part<'_>]| {
         decide_module(conn, &call(parts, None)).unwrap_or_else(|e| panic!("{parts:?}: {e}"))
     };
     assert_eq!(decide(&mut conn, &[check("ttl", &six, 1)])[1], 1);

@@ -11,8 +11,7 @@
 use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
-use tollgate_core::script;
-use tollgate_core::{Decision, Error, Lease, LeaseId, Operation, RuleSet};
+use tollgate_core::{Decision, Error, Lease, LeaseId, Operation, Part, RuleSet};
 
 use crate::Client;
 
@@ -128,8 +127,11 @@ async fn collect(
 
 /// One script call for `batch`, each job its own group; every caller gets its answer.
 async fn run(client: &Client, batch: Vec<Job>) {
-    let parts: Vec<script::CallPart<'_>> =
-        batch.iter().map(|job| script::CallPart::alone(&job.key, &job.rules, job.op.as_op())).collect();
+    // Each job its own group: coalesced callers are never all or nothing together.
+    let parts: Vec<Part<'_>> = (0u32..)
+        .zip(&batch)
+        .map(|(group, job)| Part::operation(&job.key, &job.rules, job.op.as_op()).in_group(group))
+        .collect();
     match client.run(&parts).await {
         Ok(decisions) => {
             for (job, decision) in batch.into_iter().zip(decisions) {

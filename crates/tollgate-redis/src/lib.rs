@@ -342,11 +342,22 @@ impl Client {
     }
 
     /// Runs `parts` in one script call.
-    pub(crate) async fn run(&self, parts: &[script::CallPart<'_>]) -> Result<Vec<Decision>, Error> {
-        let now = self.clock.as_ref().map(|c| c.now());
+    pub(crate) async fn run(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
+        let args = script::arguments(parts, self.clock.as_ref().map(|c| c.now()));
+        self.send(parts, args).await
+    }
+
+    /// Runs a planned batch in one script call, its groups planned once (by `batch`); the
+    /// decisions are in the order the parts are sent: group after group.
+    pub(crate) async fn run_planned(&self, batch: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
+        let (parts, args) = script::batch_arguments(batch, self.clock.as_ref().map(|c| c.now()));
+        self.send(&parts, args).await
+    }
+
+    /// Sends `parts` with their arguments `args` in one script call.
+    async fn send(&self, parts: &[Part<'_>], args: Vec<Arg<'_>>) -> Result<Vec<Decision>, Error> {
         let variant = Variant::of_parts(parts);
         let keys: Vec<String> = parts.iter().flat_map(|part| self.state_keys(part.key, part.rules)).collect();
-        let args = script::arguments(parts, now);
         // `verb [script] numkeys KEYS ARGV`: the module's command takes no script.
         let call = |verb: &str, script: Option<&str>| {
             let mut cmd = redis::cmd(verb);
@@ -482,7 +493,7 @@ impl Backend for RedisBackend {
             match &self.coalescer {
                 Some(coalescer) => coalescer.execute(key, rules, op).await,
                 None => {
-                    let mut decisions = self.client.run(&[script::CallPart::alone(key, rules, op)]).await?;
+                    let mut decisions = self.client.run(&[Part::operation(key, rules, op)]).await?;
                     Ok(decisions.pop().unwrap_or_else(|| unreachable!("one part, one decision")))
                 }
             }
@@ -498,29 +509,25 @@ impl Backend for RedisBackend {
     /// only, and the keys of different parts share no hash tag: there each group is split by
     /// key, one call per key, so a group is all or nothing within each key, and across keys the
     /// calls are made one after another (as envoyproxy/ratelimit charges every descriptor).
-    async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
-        let plan = BatchPlan::new(parts)?;
-        // The script wants each group's parts together: order them group by group.
-        let calls: Vec<Vec<usize>> = if self.client.connections.is_cluster() {
-            plan.groups().flat_map(|group| split_by_key(parts, group.iter().copied())).collect()
+    async fn check_planned(&self, batch: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
+        let parts = batch.parts();
+        // The script wants each group's parts together: they are sent group by group.
+        let cluster = self.client.connections.is_cluster();
+        let calls: Vec<Vec<usize>> = if cluster {
+            batch.groups().flat_map(|group| split_by_key(parts, group.iter().copied())).collect()
         } else {
-            vec![plan.groups().flatten().copied().collect()]
+            vec![batch.groups().flatten().copied().collect()]
         };
-        drop(plan);
         let mut decisions: Vec<Option<Decision>> = vec![None; parts.len()];
         for order in calls {
-            let script_parts: Vec<script::CallPart<'_>> = order
-                .iter()
-                .enumerate()
-                .map(|(n, &i)| {
-                    let part = &parts[i];
-                    let joins = n > 0 && parts[order[n - 1]].group == part.group;
-                    let op = Operation::Check { cost: part.cost };
-                    script::CallPart { key: part.key, rules: part.rules, op, joins }
-                })
-                .collect();
-            let span = redis_span("check_batch", script_parts.len(), false);
-            let decided = self.client.run(&script_parts).instrument(span.clone()).await;
+            let span = redis_span("check_batch", order.len(), false);
+            let decided = if !cluster {
+                // The batch's own groups, with the plans it was validated by.
+                self.client.run_planned(batch).instrument(span.clone()).await
+            } else {
+                let sent: Vec<Part<'_>> = order.iter().map(|&i| parts[i]).collect();
+                self.client.run(&sent).instrument(span.clone()).await
+            };
             let decided = self.client.traced(&span, decided)?;
             for (&i, decision) in order.iter().zip(decided) {
                 decisions[i] = Some(decision);

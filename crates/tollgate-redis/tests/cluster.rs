@@ -69,10 +69,7 @@ async fn batches_across_slots_and_resets_work(engine: Engine) {
     let per_path = RuleSet::new([Rule::fixed_window(5, Period::MINUTE)]).unwrap();
     // An Envoy-style request: two descriptors, two keys (two slots), one group.
     for round in 0..5 {
-        let parts = [
-            Part { key: "ip:10.0.0.1", rules: &per_ip, cost: 1, group: 0 },
-            Part { key: "path:/login", rules: &per_path, cost: 1, group: 0 },
-        ];
+        let parts = [Part::new("ip:10.0.0.1", &per_ip, 1), Part::new("path:/login", &per_path, 1)];
         let decisions = backend.check_batch(&parts).await.unwrap();
         assert_eq!(decisions.len(), 2);
         assert_eq!(decisions[0].allowed(), round < 3, "round {round}: per ip");

@@ -5,7 +5,7 @@
 
 use redis::Value;
 use tollgate_core::script;
-use tollgate_core::{Backend, Period, Rule, RuleSet};
+use tollgate_core::{Backend, Part, Period, Rule, RuleSet};
 use tollgate_redis::RedisBackend;
 use tollgate_testkit::RedisServer;
 
@@ -132,7 +132,7 @@ async fn two_versions_libraries_share_one_redis_and_its_counts() {
     // The other version's function decides on the same state: a lone check of cost 2 of the
     // same rule (the arguments as the backend sends them: see tollgate_core::script).
     let key = backend.state_keys("k", &rules).remove(0);
-    let parts = [script::CallPart::alone("k", &rules, tollgate_core::Operation::Check { cost: 2 })];
+    let parts = [Part::new("k", &rules, 2)];
     let mut args = vec!["FCALL".to_owned(), other.to_owned(), "1".to_owned(), key];
     args.extend(script::arguments(&parts, None).iter().map(|arg| match arg {
         script::Arg::Int(n) => n.to_string(),
@@ -153,7 +153,7 @@ async fn falls_back_to_scripts_without(command: &str) {
     for remaining in (6..=9).rev() {
         assert_eq!(backend.check("k", &rules, 1).await.unwrap().remaining(), remaining);
     }
-    let batch = [tollgate_core::Part { key: "b", rules: &rules, cost: 2, group: 0 }];
+    let batch = [Part::new("b", &rules, 2)];
     assert_eq!(backend.check_batch(&batch).await.unwrap()[0].remaining(), 8);
     backend.reset("k", &rules).await.unwrap();
     assert_eq!(backend.check("k", &rules, 0).await.unwrap().remaining(), 10);

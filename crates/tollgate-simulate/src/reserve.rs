@@ -12,7 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use async_trait::async_trait;
 use tollgate_core::{
-    Backend, Clock, Decision, Error, ManualClock, MemoryBackend, Operation, Part, Rule, RuleSet, Timestamp,
+    Backend, BatchPlan, Clock, Decision, Error, ManualClock, MemoryBackend, Operation, Rule, RuleSet,
+    Timestamp,
 };
 use tollgate_limiter::{Limiter, LimiterSettings, Policy, Reserve};
 
@@ -86,9 +87,9 @@ impl Backend for Shared {
         Ok(seen.len() as u64)
     }
 
-    async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
+    async fn check_planned(&self, batch: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.engine.check_batch_now(parts)
+        self.engine.check_planned_now(batch)
     }
 }
 

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use tollgate_core::limits::{MAX_BATCH_PARTS, MAX_COUNT};
 use tollgate_core::{
-    Backend, Clock, Decision, Error, KeyError, Lease, ManualClock, Part, Period, Rule, RuleSet, Timestamp,
+    Backend, Clock, Decision, Error, KeyError, Lease, LeaseId, ManualClock, Operation, Part, Period, Rule,
+    RuleSet, Timestamp,
 };
 
 /// A backend and the clock it decides by.
@@ -624,6 +625,45 @@ pub async fn retry_after_is_the_first_admitting_instant(h: &Harness<impl Backend
     }
 }
 
+/// A batch may hold any operation: an acquire is all or nothing with the checks of its group
+/// (its lease is not taken when a check refuses), and a release and a refund in a batch give
+/// back as they do alone.
+pub async fn batch_holds_any_operation(h: &Harness<impl Backend>) {
+    let leases = set([Rule::concurrency(2, period("10s"))]);
+    let route = set([Rule::fixed_window(1, Period::HOUR)]);
+    let (worker, upload) = (h.key("worker"), h.key("upload"));
+    let (first, second): (LeaseId, LeaseId) = ("first".parse().unwrap(), "second".parse().unwrap());
+    let acquire = |lease| Operation::Acquire { cost: 1, lease };
+    let held = |d: Decision| d.remaining();
+
+    let d =
+        h.batch(&[Part::operation(&worker, &leases, acquire(&first)), Part::new(&upload, &route, 1)]).await;
+    assert_eq!(allowed(&d), [true, true]);
+    assert_eq!((d[0].remaining(), d[1].remaining()), (1, 0));
+    // The route refuses: the group takes nothing, so the second lease holds no unit.
+    let d =
+        h.batch(&[Part::operation(&worker, &leases, acquire(&second)), Part::new(&upload, &route, 1)]).await;
+    assert_eq!(allowed(&d), [true, false]);
+    assert_eq!(held(h.check(&worker, &leases, 0).await), 1, "only the first lease holds a unit");
+
+    // A release and a refund, each its own group.
+    let lease = Lease { id: first.clone(), units: 1 };
+    let d = h
+        .batch(&[
+            Part::operation(&worker, &leases, Operation::Release { lease: &lease }),
+            Part::operation(&upload, &route, Operation::Refund { amount: 1 }).in_group(1),
+        ])
+        .await;
+    assert_eq!((d[0].remaining(), d[1].remaining()), (2, 1));
+    assert_eq!(held(h.check(&worker, &leases, 0).await), 2);
+    assert!(h.check(&upload, &route, 1).await.allowed(), "the refunded unit is there again");
+    // An acquire is still refused a plain check's cost on a concurrency rule.
+    match h.backend.check_batch(&[Part::new(&worker, &leases, 1)]).await {
+        Err(Error::InPart { part: 0, error }) => assert!(matches!(*error, Error::LeaseRequired { index: 0 })),
+        other => panic!("expected LeaseRequired in part 0, got {other:?}"),
+    }
+}
+
 /// Expands to one `#[tokio::test]` per conformance scenario, each on a fresh harness built by
 /// `make: FnOnce(ManualClock) -> impl Backend`.
 #[macro_export]
@@ -650,7 +690,8 @@ macro_rules! conformance_tests {
             batch_bad_input_is_an_error,
             batch_bounds_are_inclusive,
             concurrency_partial_release,
-            retry_after_is_the_first_admitting_instant
+            retry_after_is_the_first_admitting_instant,
+            batch_holds_any_operation
         );
     };
     (@each $make:expr; $($name:ident),*) => {

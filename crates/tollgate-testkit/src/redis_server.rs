@@ -287,11 +287,11 @@ impl<B: tollgate_core::Backend> tollgate_core::Backend for OnServer<B> {
         self.backend.reset(key, rules).await
     }
 
-    async fn check_batch(
+    async fn check_planned(
         &self,
-        parts: &[tollgate_core::Part<'_>],
+        batch: &tollgate_core::BatchPlan<'_>,
     ) -> Result<Vec<tollgate_core::Decision>, tollgate_core::Error> {
-        self.backend.check_batch(parts).await
+        self.backend.check_planned(batch).await
     }
 
     async fn ping(&self) -> Result<(), tollgate_core::Error> {

@@ -6,7 +6,8 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use tollgate_core::script::{self, Arg, StateLocation, Store};
 use tollgate_core::{
-    Backend, BatchPlan, Clock, Decision, Error, ManualClock, Operation, Part, RuleSet, validate_key,
+    Backend, BatchPlan, Clock, Decision, Error, ManualClock, Operation, Part, RuleSet, Timestamp,
+    validate_key,
 };
 
 use crate::MapStore;
@@ -62,10 +63,11 @@ impl<S: TestStore> ScriptBackend<S> {
         (self.naming)(key, rules)
     }
 
-    fn run(&self, parts: &[script::CallPart<'_>]) -> Result<Vec<Decision>, Error> {
-        let now = self.clock.now();
+    /// Runs `parts` with their arguments `args` (made for `now`), as the Redis backend sends
+    /// them.
+    fn run(&self, now: Timestamp, parts: &[Part<'_>], args: &[Arg<'_>]) -> Result<Vec<Decision>, Error> {
         let keys: Vec<String> = parts.iter().flat_map(|p| self.state_keys(p.key, p.rules)).collect();
-        let args: Vec<Vec<u8>> = script::arguments(parts, Some(now))
+        let args: Vec<Vec<u8>> = args
             .iter()
             .map(|arg| match arg {
                 Arg::Int(n) => n.to_string().into_bytes(),
@@ -86,28 +88,17 @@ impl<S: TestStore> ScriptBackend<S> {
 impl<S: TestStore> Backend for ScriptBackend<S> {
     async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
         op.validate(key, rules)?;
-        let mut decisions = self.run(&[script::CallPart::alone(key, rules, op)])?;
+        let (now, part) = (self.clock.now(), [Part::operation(key, rules, op)]);
+        let mut decisions = self.run(now, &part, &script::arguments(&part, Some(now)))?;
         Ok(decisions.remove(0))
     }
 
-    async fn check_batch(&self, parts: &[Part<'_>]) -> Result<Vec<Decision>, Error> {
-        let plan = BatchPlan::new(parts)?;
-        let order: Vec<usize> = plan.groups().flatten().copied().collect();
-        let script_parts: Vec<script::CallPart<'_>> = order
-            .iter()
-            .enumerate()
-            .map(|(n, &i)| {
-                let part = &parts[i];
-                let joins = n > 0 && parts[order[n - 1]].group == part.group;
-                script::CallPart {
-                    key: part.key,
-                    rules: part.rules,
-                    op: Operation::Check { cost: part.cost },
-                    joins,
-                }
-            })
-            .collect();
-        let decided = self.run(&script_parts)?;
+    async fn check_planned(&self, batch: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
+        let parts = batch.parts();
+        let order: Vec<usize> = batch.groups().flatten().copied().collect();
+        let now = self.clock.now();
+        let (sent, args) = script::batch_arguments(batch, Some(now));
+        let decided = self.run(now, &sent, &args)?;
         let mut decisions: Vec<Option<Decision>> = vec![None; parts.len()];
         for (&i, decision) in order.iter().zip(decided) {
             decisions[i] = Some(decision);

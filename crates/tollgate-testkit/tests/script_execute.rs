@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use tollgate_core::script::{self, Arg, CallError, StateLocation, StoreError};
-use tollgate_core::{Lease, LeaseId, Operation, Period, Rule, RuleSet, Timestamp};
+use tollgate_core::{Lease, LeaseId, Operation, Part, Period, Rule, RuleSet, Timestamp};
 use tollgate_testkit::{MapStore, Value};
 
 /// Values that sit on the edges of what the parser reads.
@@ -58,12 +58,12 @@ fn real_call(rules: &RuleSet) -> (Vec<String>, Vec<String>) {
     let lease = Lease { id: id.clone(), units: 1 };
     let small = RuleSet::new([Rule::fixed_window(3, Period::SECOND)]).unwrap();
     let parts = [
-        script::CallPart::alone("a", &small, Operation::Check { cost: 1 }),
-        script::CallPart::alone("b", &small, Operation::Check { cost: 2 }),
-        script::CallPart::alone("a", rules, Operation::Acquire { cost: 1, lease: &id }),
-        script::CallPart { key: "b", rules, op: Operation::Check { cost: 0 }, joins: true },
-        script::CallPart::alone("a", rules, Operation::Release { lease: &lease }),
-        script::CallPart::alone("b", rules, Operation::Refund { amount: 2 }),
+        Part::operation("a", &small, Operation::Check { cost: 1 }),
+        Part::operation("b", &small, Operation::Check { cost: 2 }).in_group(1),
+        Part::operation("a", rules, Operation::Acquire { cost: 1, lease: &id }).in_group(2),
+        Part::operation("b", rules, Operation::Check { cost: 0 }).in_group(2),
+        Part::operation("a", rules, Operation::Release { lease: &lease }).in_group(3),
+        Part::operation("b", rules, Operation::Refund { amount: 2 }).in_group(4),
     ];
     let keys = parts
         .iter()
@@ -212,7 +212,7 @@ fn the_real_call_runs_and_its_errors_name_the_argument() {
     let fixed_and_log =
         RuleSet::new([Rule::fixed_window(5, Period::SECOND), Rule::sliding_window_log(5, Period::SECOND)])
             .unwrap();
-    let part = [script::CallPart::alone("k", &fixed_and_log, Operation::Check { cost: 1 })];
+    let part = [Part::operation("k", &fixed_and_log, Operation::Check { cost: 1 })];
     let argv: Vec<String> = script::arguments(&part, Some(Timestamp::from_micros(1_700_000_000_000_000)))
         .iter()
         .map(|a| match a {

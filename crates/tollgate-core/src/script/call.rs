@@ -77,8 +77,8 @@ pub enum CallError {
 /// is written unless every argument is valid and every state could be read.
 ///
 /// ```
-/// use tollgate_core::script::{self, Arg, CallPart, Store, StoreError};
-/// use tollgate_core::{Operation, Period, Rule, RuleSet, Timestamp};
+/// use tollgate_core::script::{self, Arg, Store, StoreError};
+/// use tollgate_core::{Part, Period, Rule, RuleSet, Timestamp};
 /// # use std::collections::HashMap;
 /// # #[derive(Default)]
 /// # struct Hashes(HashMap<(Vec<u8>, Vec<u8>), i64>);
@@ -104,7 +104,7 @@ pub enum CallError {
 /// #     fn set_time_to_live(&mut self, _: &[u8], _: i64) -> Result<(), StoreError> { Ok(()) }
 /// # }
 /// let rules = RuleSet::new([Rule::fixed_window(2, Period::SECOND)])?;
-/// let parts = [CallPart::alone("user-1", &rules, Operation::Check { cost: 1 })];
+/// let parts = [Part::new("user-1", &rules, 1)];
 /// // The arguments the script would get, as bytes.
 /// let argv: Vec<Vec<u8>> = script::arguments(&parts, Some(Timestamp::from_micros(5_000_000)))
 ///     .iter()

@@ -13,8 +13,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use tollgate_core::script::{self, Arg, CallPart, StateLocation};
-use tollgate_core::{Operation, RuleSet, Timestamp};
+use tollgate_core::script::{self, Arg, StateLocation};
+use tollgate_core::{Operation, Part, RuleSet, Timestamp};
 use tollgate_testkit::RedisServer;
 
 /// The module's file (see [`tollgate_testkit::redis_module`]).
@@ -55,7 +55,7 @@ pub fn state_keys(key: &str, rules: &RuleSet) -> Vec<String> {
 }
 
 /// The call that decides `parts` at `now` (Redis's clock with `None`).
-pub fn call(parts: &[CallPart<'_>], now: Option<Timestamp>) -> Call {
+pub fn call(parts: &[Part<'_>], now: Option<Timestamp>) -> Call {
     let keys = parts.iter().flat_map(|p| state_keys(p.key, p.rules)).collect();
     let argv = script::arguments(parts, now)
         .into_iter()
@@ -67,9 +67,9 @@ pub fn call(parts: &[CallPart<'_>], now: Option<Timestamp>) -> Call {
     Call { keys, argv }
 }
 
-/// A lone check of `cost` on `key`.
-pub fn check<'a>(key: &'a str, rules: &'a RuleSet, cost: u64) -> CallPart<'a> {
-    CallPart::alone(key, rules, Operation::Check { cost })
+/// A check of `cost` on `key`, in group 0.
+pub fn check<'a>(key: &'a str, rules: &'a RuleSet, cost: u64) -> Part<'a> {
+    Part::operation(key, rules, Operation::Check { cost })
 }
 
 /// `TOLLGATE.DECIDE` with `call`.
