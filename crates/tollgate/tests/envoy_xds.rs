@@ -26,7 +26,7 @@ use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tollgate_envoy::xds::{TYPE_URL, proto};
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 const NODE: &str = "tollgate-test-node";
@@ -109,14 +109,23 @@ struct XdsServer {
 }
 
 impl XdsServer {
-    /// Serves `snapshot` on `port` (a free one when 0).
+    /// Serves `ads` on `port` (a free one when 0).
     async fn start(port: u16, ads: Ads) -> XdsServer {
+        Self::start_tls(port, ads, None).await
+    }
+
+    /// Serves `ads` on `port`, over TLS when `tls` is given.
+    async fn start_tls(port: u16, ads: Ads, tls: Option<ServerTlsConfig>) -> XdsServer {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (stop, stopped) = oneshot::channel();
         let service = AggregatedDiscoveryServiceServer::new(ads.clone());
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).unwrap();
+        }
         let task = tokio::spawn(async move {
-            tonic::transport::Server::builder()
+            builder
                 .add_service(service)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     let _ = stopped.await;
@@ -195,13 +204,18 @@ fn resource(name: &str, domain: &str, limits: &[(&str, u32)]) -> Any {
 
 /// `tollgate serve` subscribed to `xds`, and a client of its rate-limit service.
 async fn start_tollgate(xds: &XdsServer) -> (Tollgate, RateLimitServiceClient<Channel>) {
+    start_tollgate_with(&xds.url(), &[]).await
+}
+
+/// `tollgate serve` subscribed to `url` with `extra` arguments, and a client of its
+/// rate-limit service.
+async fn start_tollgate_with(url: &str, extra: &[&str]) -> (Tollgate, RateLimitServiceClient<Channel>) {
     let listen = format!("127.0.0.1:{}", tollgate_testkit::free_port());
-    let url = xds.url();
-    let args = [
+    let mut args = vec![
         "--grpc-listen",
         &listen,
         "--envoy-xds-server",
-        &url,
+        url,
         "--envoy-xds-node-id",
         NODE,
         "--envoy-xds-backoff-initial",
@@ -209,6 +223,7 @@ async fn start_tollgate(xds: &XdsServer) -> (Tollgate, RateLimitServiceClient<Ch
         "--envoy-xds-backoff-max",
         "400ms",
     ];
+    args.extend(extra);
     let server = Tollgate::start("", &args).await;
     let client = RateLimitServiceClient::connect(format!("http://{listen}")).await.unwrap();
     inside_window(3600, 10).await;
@@ -349,6 +364,58 @@ async fn the_last_configuration_outlives_the_server_and_the_next_applies_on_its_
     assert_eq!(hits(&mut client, 2, "plan", "pro").await, [Code::Ok, Code::OverLimit]);
     assert_eq!(hits(&mut client, 2, "tenant", "acme").await, [Code::Ok, Code::Ok], "a is replaced");
     assert_eq!(tollgate.metric("tollgate_envoy_xds_connected").await, 1.0);
+}
+
+/// A CA, the xDS server's certificate for `xds.internal` and a client certificate it issued,
+/// as PEM files in a temporary directory.
+fn pki() -> tempfile::TempDir {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: String| std::fs::write(dir.path().join(name), text).unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(rcgen::DnType::CommonName, "xDS test CA");
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    write("ca.pem", ca.pem());
+    for (file, name) in [("server", "xds.internal"), ("client", "tollgate.client")] {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_owned()]).unwrap().signed_by(&key, &ca).unwrap();
+        write(&format!("{file}.pem"), cert.pem());
+        write(&format!("{file}.key"), key.serialize_pem());
+    }
+    dir
+}
+
+#[tokio::test]
+async fn the_server_is_reached_over_mutual_tls_checked_against_the_san() {
+    let pki = pki();
+    let read = |name: &str| std::fs::read_to_string(pki.path().join(name)).unwrap();
+    let path = |name: &str| pki.path().join(name).to_str().unwrap().to_owned();
+    // The server asks for a client certificate of the CA.
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(read("server.pem"), read("server.key")))
+        .client_ca_root(Certificate::from_pem(read("ca.pem")));
+    let xds = XdsServer::start_tls(0, Ads::default(), Some(tls)).await;
+    xds.push("v1", vec![resource("edge-limits", "edge", &[("user", 1)])]).await;
+    let url = format!("https://127.0.0.1:{}", xds.port);
+    let (ca, cert, key) = (path("ca.pem"), path("client.pem"), path("client.key"));
+    let trust = ["--envoy-xds-tls-ca", &ca, "--envoy-xds-tls-san", "xds.internal"];
+
+    // Without a client certificate the handshake fails: nothing arrives, nothing applies.
+    let (refused, mut client) =
+        start_tollgate_with(&url, &[&trust[..], &["--envoy-xds-force-start"]].concat()).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(xds.requests().is_empty(), "{:#?}", xds.requests());
+    assert_eq!(hits(&mut client, 2, "user", "ann").await, [Code::Ok, Code::Ok], "no configuration");
+    assert!(refused.logs().contains("no xDS stream"), "{}", refused.logs());
+    drop(refused);
+
+    // With it, the configuration arrives over TLS (the server's name is the SAN, not the URL's).
+    let identity = ["--envoy-xds-tls-cert", &cert, "--envoy-xds-tls-key", &key];
+    let (_tollgate, mut client) = start_tollgate_with(&url, &[&trust[..], &identity[..]].concat()).await;
+    let nonce = xds.last_nonce();
+    xds.request_where("acking v1", |r| is_ack(r, "v1", &nonce)).await;
+    assert_eq!(hits(&mut client, 2, "user", "ann").await, [Code::Ok, Code::OverLimit]);
 }
 
 #[test]
