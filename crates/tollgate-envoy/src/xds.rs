@@ -25,6 +25,7 @@ use envoy_types::pb::google::rpc::Status as RpcStatus;
 use prost::Message as _;
 use serde_yaml_ng::{Mapping, Value};
 use tokio::sync::{mpsc, watch};
+use tonic::metadata::{Ascii, MetadataKey, MetadataValue};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::{Config, EnvoyConfigError, EnvoyService};
@@ -251,6 +252,9 @@ pub struct XdsSettings {
     pub node_id: String,
     /// The node's metadata, text values (upstream's `CONFIG_GRPC_XDS_NODE_METADATA`).
     pub node_metadata: Vec<(String, String)>,
+    /// Headers (gRPC metadata) sent on the stream (upstream's
+    /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`), such as a token the server asks for.
+    pub headers: Vec<(String, String)>,
     /// TLS to the server, if any.
     pub tls: Option<ClientTlsConfig>,
     /// The largest response read; a larger one fails the stream (as gRPC's own limit does).
@@ -350,8 +354,17 @@ pub fn subscribe(
     if let Some(tls) = settings.tls.clone() {
         endpoint = endpoint.tls_config(tls).map_err(|e| format!("xDS TLS: {e}"))?;
     }
+    let mut headers = Vec::with_capacity(settings.headers.len());
+    for (name, text) in &settings.headers {
+        let key = name.to_ascii_lowercase().parse::<MetadataKey<Ascii>>();
+        match (key, text.parse::<MetadataValue<Ascii>>()) {
+            (Ok(key), Ok(value)) => headers.push((key, value)),
+            _ => return Err(format!("{name}: {text:?} is not a valid header")),
+        }
+    }
     let (counted, responses) = watch::channel(0u64);
-    let run = Run { settings, service, on_outcome: Arc::new(on_outcome), counted, acked: String::new() };
+    let on_outcome = Arc::new(on_outcome);
+    let run = Run { settings, headers, service, on_outcome, counted, acked: String::new() };
     let task = tokio::spawn(run.forever(endpoint));
     Ok(XdsClient { task, responses })
 }
@@ -359,6 +372,8 @@ pub fn subscribe(
 /// The client's state across streams.
 struct Run<F> {
     settings: XdsSettings,
+    /// `settings.headers`, checked.
+    headers: Vec<(MetadataKey<Ascii>, MetadataValue<Ascii>)>,
     service: EnvoyService,
     on_outcome: Arc<F>,
     counted: watch::Sender<u64>,
@@ -427,11 +442,14 @@ impl<F: Fn(Outcome<'_>) + Send + Sync + 'static> Run<F> {
         let (tx, rx) = mpsc::channel(4);
         // A new stream: no nonce yet, the version last ACKed (empty at first).
         let _ = tx.try_send(self.request("", &self.acked, None));
-        let mut responses =
-            match client.stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx)).await {
-                Ok(r) => r.into_inner(),
-                Err(status) => return Ended::Early(format!("the stream was refused: {status}")),
-            };
+        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        for (key, value) in &self.headers {
+            request.metadata_mut().append(key.clone(), value.clone());
+        }
+        let mut responses = match client.stream_aggregated_resources(request).await {
+            Ok(r) => r.into_inner(),
+            Err(status) => return Ended::Early(format!("the stream was refused: {status}")),
+        };
         ::metrics::gauge!(crate::metrics::XDS_CONNECTED).set(1.0);
         tracing::info!(server = %endpoint.uri(), node_id = %self.settings.node_id,
             "subscribed to the Envoy configuration over xDS");

@@ -272,6 +272,15 @@ struct ServeArgs {
         requires = "envoy_xds_server"
     )]
     envoy_xds_node_metadata: Option<String>,
+    /// xDS: headers sent to the server, name:value pairs separated by commas (upstream's
+    /// CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS), such as a token it asks for.
+    #[arg(
+        long,
+        env = "TOLLGATE_ENVOY_XDS_HEADERS",
+        value_name = "NAME:VALUE,...",
+        requires = "envoy_xds_server"
+    )]
+    envoy_xds_headers: Option<String>,
     /// xDS: TLS to the server (upstream's CONFIG_GRPC_XDS_SERVER_USE_TLS); an https:// URL
     /// turns it on too.
     #[arg(long, env = "TOLLGATE_ENVOY_XDS_TLS", requires = "envoy_xds_server")]

@@ -390,6 +390,13 @@ async fn subscribe_envoy_xds(
         };
         node_metadata.push((k.to_owned(), v.to_owned()));
     }
+    let mut headers = Vec::new();
+    for pair in args.envoy_xds_headers.iter().flat_map(|m| m.split(',')).filter(|p| !p.is_empty()) {
+        let Some((k, v)) = pair.split_once(':') else {
+            anyhow::bail!("--envoy-xds-headers: {pair:?} is not name:value");
+        };
+        headers.push((k.trim().to_owned(), v.trim().to_owned()));
+    }
     let read = |path: &Option<std::path::PathBuf>, flag: &str| -> anyhow::Result<Option<Vec<u8>>> {
         path.as_ref()
             .map(|p| std::fs::read(p).with_context(|| format!("{flag}: cannot read {}", p.display())))
@@ -411,6 +418,7 @@ async fn subscribe_envoy_xds(
         server: server.to_owned(),
         node_id: args.envoy_xds_node_id.clone(),
         node_metadata,
+        headers,
         tls,
         max_message_bytes: args.envoy_xds_max_message_bytes,
         backoff_initial: args.envoy_xds_backoff_initial,
@@ -421,7 +429,7 @@ async fn subscribe_envoy_xds(
     let mut client = tollgate_envoy::xds::subscribe(settings, service.clone(), |outcome| {
         reloaded("envoy", Some(matches!(outcome, tollgate_envoy::xds::Outcome::Applied { .. })));
     })
-    .map_err(|e| anyhow::anyhow!("--envoy-xds-server: {e}"))?;
+    .map_err(|e| anyhow::anyhow!("--envoy-xds-server or --envoy-xds-headers: {e}"))?;
     tracing::info!(server, node_id = %args.envoy_xds_node_id, tls = use_tls,
         "Envoy configuration: subscribing over xDS");
     if !args.envoy_xds_force_start {

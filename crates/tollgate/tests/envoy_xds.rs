@@ -22,6 +22,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::google::protobuf::value::Kind;
 use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -40,6 +41,8 @@ struct State {
     snapshot: Option<(String, Vec<Any>)>,
     streams: Vec<Responses>,
     requests: Vec<DiscoveryRequest>,
+    /// Each stream's headers.
+    headers: Vec<tonic::metadata::MetadataMap>,
     nonces: u64,
 }
 
@@ -70,11 +73,15 @@ impl AggregatedDiscoveryService for Ads {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let headers = request.metadata().clone();
         let mut incoming = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         // The state holds the stream's one strong sender: dropping it ends the stream.
         let weak = tx.downgrade();
-        self.0.lock().unwrap().streams.push(tx);
+        let mut s = self.0.lock().unwrap();
+        s.streams.push(tx);
+        s.headers.push(headers);
+        drop(s);
         let state = self.0.clone();
         tokio::spawn(async move {
             while let Ok(Some(req)) = incoming.message().await {
@@ -258,13 +265,25 @@ async fn a_pushed_configuration_applies_and_the_next_replaces_it() {
     let ads = Ads::default();
     let xds = XdsServer::start(0, ads).await;
     xds.push("v1", vec![resource("edge-limits", "edge", &[("user", 2)])]).await;
-    let (_tollgate, mut client) = start_tollgate(&xds).await;
+    let extra =
+        ["--envoy-xds-node-metadata", "cluster=edge,zone=a", "--envoy-xds-headers", "x-xds-token:s3cret"];
+    let (_tollgate, mut client) = start_tollgate_with(&xds.url(), &extra).await;
 
-    // The subscription: ADS, the node id, RateLimitConfig, nothing acked yet.
+    // The subscription: ADS, the node id and metadata, RateLimitConfig, nothing acked yet, and
+    // the extra header.
     let first = xds.request_where("subscribing", |r| r.response_nonce.is_empty()).await;
     assert_eq!(first.type_url, TYPE_URL);
-    assert_eq!(first.node.as_ref().map(|n| n.id.as_str()), Some(NODE));
+    let node = first.node.as_ref().unwrap();
+    assert_eq!(node.id, NODE);
+    let metadata = &node.metadata.as_ref().unwrap().fields;
+    let text = |k: &str| match &metadata[k].kind {
+        Some(Kind::StringValue(s)) => s.clone(),
+        other => panic!("{k}: {other:?}"),
+    };
+    assert_eq!((text("cluster"), text("zone")), ("edge".to_owned(), "a".to_owned()));
     assert_eq!(first.version_info, "", "nothing acked yet");
+    let headers = xds.ads.0.lock().unwrap().headers.clone();
+    assert_eq!(headers[0].get("x-xds-token").and_then(|v| v.to_str().ok()), Some("s3cret"));
     let nonce = xds.last_nonce();
     xds.request_where("acking v1", |r| is_ack(r, "v1", &nonce)).await;
 
