@@ -289,12 +289,12 @@ pub fn tls(ca: Option<&[u8]>, identity: Option<(&[u8], &[u8])>, san: Option<&str
 /// What one response did, for the caller's logs and metrics.
 #[derive(Debug)]
 pub enum Outcome<'a> {
-    /// Applied and ACKed: its version and the configuration now running.
+    /// Applied and ACKed: its version and the domains now running.
     Applied {
         /// The response's `version_info`.
         version: &'a str,
-        /// The configuration applied.
-        config: &'a Config,
+        /// The names of the domains applied.
+        domains: &'a [&'a str],
     },
     /// Refused and NACKed: the last good configuration stays.
     Refused {
@@ -392,6 +392,7 @@ enum Ended {
 impl<F: Fn(Outcome<'_>) + Send + Sync + 'static> Run<F> {
     async fn forever(mut self, endpoint: Endpoint) {
         let server = endpoint.uri().to_string();
+        ::metrics::gauge!(crate::metrics::XDS_CONNECTED).set(0.0);
         let mut wait = self.settings.backoff_initial;
         loop {
             let ended = self.stream(&endpoint).await;
@@ -493,8 +494,8 @@ impl<F: Fn(Outcome<'_>) + Send + Sync + 'static> Run<F> {
                 for warning in &config.warnings {
                     tracing::warn!("Envoy configuration: {warning}");
                 }
-                self.service.replace_domains(config.domains.clone());
-                (self.on_outcome)(Outcome::Applied { version, config: &config });
+                (self.on_outcome)(Outcome::Applied { version, domains: &names });
+                self.service.replace_domains(config.domains);
                 self.acked = version.to_owned();
                 self.request(&response.nonce, version, None)
             }

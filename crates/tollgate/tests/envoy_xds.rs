@@ -385,6 +385,34 @@ async fn the_last_configuration_outlives_the_server_and_the_next_applies_on_its_
     assert_eq!(tollgate.metric("tollgate_envoy_xds_connected").await, 1.0);
 }
 
+#[tokio::test]
+async fn a_response_over_the_size_limit_changes_nothing_and_the_next_applies() {
+    let xds = XdsServer::start(0, Ads::default()).await;
+    xds.push("small", vec![resource("edge-limits", "edge", &[("tenant", 1)])]).await;
+    let (tollgate, mut client) =
+        start_tollgate_with(&xds.url(), &["--envoy-xds-max-message-bytes", "32768"]).await;
+    let nonce = xds.last_nonce();
+    xds.request_where("acking small", |r| is_ack(r, "small", &nonce)).await;
+
+    // About 100 KiB of descriptors: the stream fails on it, again at each reconnection.
+    let keys: Vec<String> = (0..2000).map(|i| format!("key-{i:04}-{}", "x".repeat(32))).collect();
+    let limits: Vec<(&str, u32)> = keys.iter().map(|k| (k.as_str(), 1)).collect();
+    xds.push("big", vec![resource("edge-limits", "edge", &limits)]).await;
+    let refused = eventually(Duration::from_secs(10), || async {
+        tollgate.logs().matches("message length too large").count() >= 2
+    })
+    .await;
+    assert!(refused, "the big response fails the stream each time:\n{}", tollgate.logs());
+    assert!(xds.requests().iter().all(|r| r.version_info != "big"), "never ACKed");
+    assert_eq!(hits(&mut client, 2, "tenant", "acme").await, [Code::Ok, Code::OverLimit], "small answers");
+
+    // A response within the limit is read at the next reconnection and applied.
+    xds.push("small-again", vec![resource("edge-limits", "edge", &[("plan", 1)])]).await;
+    xds.request_where("acking small-again", |r| r.version_info == "small-again" && r.error_detail.is_none())
+        .await;
+    assert_eq!(hits(&mut client, 2, "plan", "pro").await, [Code::Ok, Code::OverLimit]);
+}
+
 /// A CA, the xDS server's certificate for `xds.internal` and a client certificate it issued,
 /// as PEM files in a temporary directory.
 fn pki() -> tempfile::TempDir {
