@@ -3,13 +3,15 @@
 //! envoyproxy/ratelimit's YAML files, plus Tollgate's extensions (any engine algorithm, windows
 //! like 30 s, several limits per descriptor). Decides through a [`tollgate_limiter::Limiter`],
 //! so the backend, failure policy and metrics are the HTTP API's. [`json::router`] serves the
-//! same service as upstream's `POST /json`.
+//! same service as upstream's `POST /json`. [`xds`] takes the configuration from an xDS
+//! management server instead of files, as upstream's `CONFIG_TYPE=GRPC_XDS_SOTW`.
 
 pub mod config;
 pub mod json;
 pub mod ops;
 mod server;
 mod service;
+pub mod xds;
 
 pub use config::{Config, Domain, EnvoyConfigError};
 pub use server::EnvoyServer;

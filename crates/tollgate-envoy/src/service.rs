@@ -52,6 +52,9 @@ pub mod names {
     /// Counter: requests over the limit answered OK by the global shadow mode (upstream's
     /// `global_shadow_mode`).
     pub const GLOBAL_SHADOW_MODE: &str = "tollgate_envoy_global_shadow_mode";
+    /// Gauge: 1 while the xDS stream to the management server is open, 0 while it is being
+    /// reconnected (`--envoy-xds-server`).
+    pub const XDS_CONNECTED: &str = "tollgate_envoy_xds_connected";
 }
 
 /// The names of the rate-limit response headers (upstream's `LIMIT_LIMIT_HEADER`,

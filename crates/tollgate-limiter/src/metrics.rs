@@ -18,7 +18,8 @@ pub const BACKEND_ERRORS: &str = "tollgate_backend_errors_total";
 /// Gauge: 1 while the circuit breaker is open (the primary backend is bypassed), by `backend`.
 pub const BREAKER_OPEN: &str = "tollgate_breaker_open";
 /// Counter: reloads of a configuration file, by `config` (`file`: --config, `envoy`:
-/// --envoy-config) and `result` (`applied`, `refused`). Recorded by the `tollgate` binary.
+/// --envoy-config, or each response of --envoy-xds-server) and `result` (`applied`,
+/// `refused`). Recorded by the `tollgate` binary.
 pub const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
 /// Gauge: 0 while the last change of a configuration file was refused (the running
 /// configuration is not the file's), 1 otherwise; by `config`. Recorded by the `tollgate` binary.

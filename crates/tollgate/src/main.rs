@@ -44,7 +44,7 @@ enum Command {
     #[command(
         after_help = "Example:\n  tollgate serve --config tollgate.toml --redis redis://127.0.0.1:6379"
     )]
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run a rate-limiting reverse proxy in front of one HTTP upstream.
     ///
     /// Requests are matched to the routes file's policies (from --config) and keyed as it says;
@@ -249,6 +249,71 @@ struct ServeArgs {
     /// MERGE_DOMAIN_CONFIG).
     #[arg(long, env = "TOLLGATE_ENVOY_MERGE_DOMAINS")]
     envoy_merge_domains: bool,
+    /// Envoy: take the configuration from this xDS management server (State of the World over
+    /// ADS, as upstream's CONFIG_TYPE=GRPC_XDS_SOTW with CONFIG_GRPC_XDS_SERVER_URL):
+    /// http://host:port, https://host:port or host:port. Instead of --envoy-config.
+    #[arg(long, env = "TOLLGATE_ENVOY_XDS_SERVER", value_name = "URL", conflicts_with = "envoy_config")]
+    envoy_xds_server: Option<String>,
+    /// xDS: this instance's node id (upstream's CONFIG_GRPC_XDS_NODE_ID).
+    #[arg(
+        long,
+        env = "TOLLGATE_ENVOY_XDS_NODE_ID",
+        value_name = "ID",
+        default_value = "default",
+        requires = "envoy_xds_server"
+    )]
+    envoy_xds_node_id: String,
+    /// xDS: the node's metadata, key=value pairs separated by commas (upstream's
+    /// CONFIG_GRPC_XDS_NODE_METADATA).
+    #[arg(
+        long,
+        env = "TOLLGATE_ENVOY_XDS_NODE_METADATA",
+        value_name = "K=V,...",
+        requires = "envoy_xds_server"
+    )]
+    envoy_xds_node_metadata: Option<String>,
+    /// xDS: headers sent to the server, name:value pairs separated by commas (upstream's
+    /// CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS), such as a token it asks for.
+    #[arg(
+        long,
+        env = "TOLLGATE_ENVOY_XDS_HEADERS",
+        value_name = "NAME:VALUE,...",
+        requires = "envoy_xds_server"
+    )]
+    envoy_xds_headers: Option<String>,
+    /// xDS: TLS to the server (upstream's CONFIG_GRPC_XDS_SERVER_USE_TLS); an https:// URL
+    /// turns it on too.
+    #[arg(long, env = "TOLLGATE_ENVOY_XDS_TLS", requires = "envoy_xds_server")]
+    envoy_xds_tls: bool,
+    /// xDS TLS: the CAs of the server's certificate, PEM (upstream's
+    /// CONFIG_GRPC_XDS_SERVER_TLS_CACERT) [default: the system's].
+    #[arg(long, env = "TOLLGATE_ENVOY_XDS_TLS_CA", value_name = "FILE", requires = "envoy_xds_server")]
+    envoy_xds_tls_ca: Option<PathBuf>,
+    /// xDS TLS: this client's certificate chain, PEM (upstream's CONFIG_GRPC_XDS_CLIENT_TLS_CERT).
+    #[arg(long, env = "TOLLGATE_ENVOY_XDS_TLS_CERT", value_name = "FILE", requires = "envoy_xds_tls_key")]
+    envoy_xds_tls_cert: Option<PathBuf>,
+    /// xDS TLS: the key of --envoy-xds-tls-cert, PEM (upstream's CONFIG_GRPC_XDS_CLIENT_TLS_KEY).
+    #[arg(long, env = "TOLLGATE_ENVOY_XDS_TLS_KEY", value_name = "FILE", requires = "envoy_xds_tls_cert")]
+    envoy_xds_tls_key: Option<PathBuf>,
+    /// xDS TLS: the name the server's certificate must hold, instead of the URL's host
+    /// (upstream's CONFIG_GRPC_XDS_SERVER_TLS_SAN).
+    #[arg(long, env = "TOLLGATE_ENVOY_XDS_TLS_SAN", value_name = "NAME", requires = "envoy_xds_server")]
+    envoy_xds_tls_san: Option<String>,
+    /// xDS: the largest response read, in bytes (upstream's XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES).
+    #[arg(long, env = "TOLLGATE_ENVOY_XDS_MAX_MESSAGE_BYTES", value_name = "BYTES", default_value_t = tollgate_envoy::xds::DEFAULT_MAX_MESSAGE_BYTES)]
+    envoy_xds_max_message_bytes: usize,
+    /// xDS: the first wait before reconnecting to the server, doubled after each failure
+    /// (upstream's XDS_CLIENT_BACKOFF_INITIAL_INTERVAL).
+    #[arg(long, env = "TOLLGATE_ENVOY_XDS_BACKOFF_INITIAL", value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
+    envoy_xds_backoff_initial: std::time::Duration,
+    /// xDS: the longest wait before reconnecting (upstream's XDS_CLIENT_BACKOFF_MAX_INTERVAL).
+    #[arg(long, env = "TOLLGATE_ENVOY_XDS_BACKOFF_MAX", value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+    envoy_xds_backoff_max: std::time::Duration,
+    /// xDS: serve before the first configuration arrives (upstream's
+    /// FORCE_START_WITHOUT_INITIAL_CONFIG); by default serving waits for the server's first
+    /// answer.
+    #[arg(long, env = "TOLLGATE_ENVOY_XDS_FORCE_START", requires = "envoy_xds_server")]
+    envoy_xds_force_start: bool,
     /// Log JSON lines instead of text (the log level comes from RUST_LOG; default info).
     #[arg(long, env = "TOLLGATE_JSON_LOGS")]
     json_logs: bool,
@@ -260,7 +325,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::CheckConfig { file, envoy_merge_domains } => check_config(&file, envoy_merge_domains),
-        Command::Serve(args) => run(serve::run(args)),
+        Command::Serve(args) => run(serve::run(*args)),
         Command::Bench(args) => run(bench::run(args)),
         Command::Simulate(args) => run(async move { simulate::run(args) }),
         Command::Proxy(args) => run(proxy::run(args)),

@@ -180,6 +180,10 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .as_ref()
         .map(|path| watch_envoy(path, args.envoy_merge_domains, &envoy))
         .transpose()?;
+    let _envoy_xds = match &args.envoy_xds_server {
+        Some(server) => Some(subscribe_envoy_xds(&args, server, &envoy).await?),
+        None => None,
+    };
     let traced = tracing.is_some();
     serve_grpc(&args, envoy.clone(), crate::listen::Limits { max_body: None, ..limits }, traced).await?;
     let limiter = state.limiter().clone();
@@ -298,7 +302,7 @@ fn reloaded(config: &'static str, applied: Option<bool>) {
 }
 
 /// The Envoy rate-limit service over `limiter`, with the domains of `--envoy-config` (none
-/// without it).
+/// without it, until xDS sends some).
 fn start_envoy(args: &ServeArgs, limiter: Limiter) -> anyhow::Result<tollgate_envoy::EnvoyService> {
     let names = [&args.envoy_limit_header, &args.envoy_remaining_header, &args.envoy_reset_header];
     if names.iter().enumerate().any(|(i, a)| names[i + 1..].iter().any(|b| a.eq_ignore_ascii_case(b))) {
@@ -362,6 +366,77 @@ fn watch_envoy(
         }
     })
     .context("cannot watch the Envoy configuration")
+}
+
+/// Subscribes `service` to the xDS management server `server` and, unless
+/// `--envoy-xds-force-start`, waits for its first answer (applied or refused), as upstream waits
+/// for its first configuration before serving.
+async fn subscribe_envoy_xds(
+    args: &ServeArgs,
+    server: &str,
+    service: &tollgate_envoy::EnvoyService,
+) -> anyhow::Result<tollgate_envoy::xds::XdsClient> {
+    if args.envoy_xds_backoff_initial.is_zero() || args.envoy_xds_backoff_max < args.envoy_xds_backoff_initial
+    {
+        anyhow::bail!("--envoy-xds-backoff-initial must be above 0 and at most --envoy-xds-backoff-max");
+    }
+    if args.envoy_xds_max_message_bytes == 0 {
+        anyhow::bail!("--envoy-xds-max-message-bytes must be above 0");
+    }
+    let mut node_metadata = Vec::new();
+    for pair in args.envoy_xds_node_metadata.iter().flat_map(|m| m.split(',')).filter(|p| !p.is_empty()) {
+        let Some((k, v)) = pair.split_once('=') else {
+            anyhow::bail!("--envoy-xds-node-metadata: {pair:?} is not key=value");
+        };
+        node_metadata.push((k.to_owned(), v.to_owned()));
+    }
+    let mut headers = Vec::new();
+    for pair in args.envoy_xds_headers.iter().flat_map(|m| m.split(',')).filter(|p| !p.is_empty()) {
+        let Some((k, v)) = pair.split_once(':') else {
+            anyhow::bail!("--envoy-xds-headers: {pair:?} is not name:value");
+        };
+        headers.push((k.trim().to_owned(), v.trim().to_owned()));
+    }
+    let read = |path: &Option<std::path::PathBuf>, flag: &str| -> anyhow::Result<Option<Vec<u8>>> {
+        path.as_ref()
+            .map(|p| std::fs::read(p).with_context(|| format!("{flag}: cannot read {}", p.display())))
+            .transpose()
+    };
+    let ca = read(&args.envoy_xds_tls_ca, "--envoy-xds-tls-ca")?;
+    let cert = read(&args.envoy_xds_tls_cert, "--envoy-xds-tls-cert")?;
+    let key = read(&args.envoy_xds_tls_key, "--envoy-xds-tls-key")?;
+    let use_tls = args.envoy_xds_tls
+        || server.starts_with("https://")
+        || ca.is_some()
+        || cert.is_some()
+        || args.envoy_xds_tls_san.is_some();
+    let tls = use_tls.then(|| {
+        let identity = cert.as_deref().zip(key.as_deref());
+        tollgate_envoy::xds::tls(ca.as_deref(), identity, args.envoy_xds_tls_san.as_deref())
+    });
+    let settings = tollgate_envoy::xds::XdsSettings {
+        server: server.to_owned(),
+        node_id: args.envoy_xds_node_id.clone(),
+        node_metadata,
+        headers,
+        tls,
+        max_message_bytes: args.envoy_xds_max_message_bytes,
+        backoff_initial: args.envoy_xds_backoff_initial,
+        backoff_max: args.envoy_xds_backoff_max,
+        merge_domains: args.envoy_merge_domains,
+    };
+    reloaded("envoy", None);
+    let mut client = tollgate_envoy::xds::subscribe(settings, service.clone(), |outcome| {
+        reloaded("envoy", Some(matches!(outcome, tollgate_envoy::xds::Outcome::Applied { .. })));
+    })
+    .map_err(|e| anyhow::anyhow!("--envoy-xds-server or --envoy-xds-headers: {e}"))?;
+    tracing::info!(server, node_id = %args.envoy_xds_node_id, tls = use_tls,
+        "Envoy configuration: subscribing over xDS");
+    if !args.envoy_xds_force_start {
+        tracing::info!("waiting for the first Envoy configuration from the xDS server");
+        client.first_response().await;
+    }
+    Ok(client)
 }
 
 /// Serves the Envoy rate-limit service and the standard gRPC health service on
