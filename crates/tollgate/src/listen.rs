@@ -45,7 +45,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, Sleep};
 use tollgate_http::Problem;
 use tower::ServiceExt as _;
@@ -94,19 +94,15 @@ pub(crate) async fn serve(
     tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = Slots::new(limits.max_connections);
     let per_address = PerAddress::new(limits.max_connections_per_address);
-    // While the loop waits for a slot, idle connections close to make room: those idle now
-    // when `make_room` is bumped, those going idle when they see `waiting`.
-    let waiting = Arc::new(AtomicBool::new(false));
-    let (make_room, _) = watch::channel(0u64);
     let (stop, _) = watch::channel(false);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // Our own header timeout replaces hyper's (see the module's documentation).
     builder.http1().header_read_timeout(None);
     let builder = Arc::new(builder);
     tokio::pin!(shutdown);
-    'accept: loop {
+    loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -119,60 +115,74 @@ pub(crate) async fn serve(
         };
         // Closed at once (dropped) when its address already holds its share.
         let Some(address_slot) = per_address.take(peer.ip()) else { continue };
-        // At the cap, this connection waits for a slot (and the next ones in the backlog), and
-        // idle connections are asked to close: only when someone is waiting, so that keep-alive
-        // clients keep their connections while the server is merely full.
-        let permit = match slots.clone().try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => {
-                waiting.store(true, Ordering::Release);
-                let permit = loop {
-                    make_room.send_modify(|n| *n += 1);
-                    tokio::select! {
-                        permit = slots.clone().acquire_owned() => break permit.expect("the semaphore is never closed"),
-                        // Again, for connections that went idle since (and at most this often:
-                        // each bump wakes every connection).
-                        () = tokio::time::sleep(MAKE_ROOM_INTERVAL) => {}
-                        () = &mut shutdown => break 'accept,
-                    }
-                };
-                waiting.store(false, Ordering::Release);
-                permit
-            }
-        };
+        let Some(permit) = slots.take(shutdown.as_mut()).await else { break };
         let _ = stream.set_nodelay(true);
         let connection = Connection {
             app: app.clone(),
             peer,
             limits,
             state: Arc::new(ConnState::new(limits)),
-            waiting: waiting.clone(),
-            make_room: make_room.subscribe(),
+            waiting: slots.waiting.clone(),
+            make_room: slots.make_room.subscribe(),
             stop: stop.subscribe(),
             builder: builder.clone(),
         };
         let tls = tls.clone();
         tokio::spawn(async move {
-            match tls {
-                None => connection.run(stream).await,
-                Some(acceptor) => {
-                    let deadline = *connection.state.since() + limits.header_timeout;
-                    match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => connection.run(tls).await,
-                        Ok(Err(e)) => tracing::debug!(peer = %peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(peer = %peer, "TLS handshake timed out: connection closed"),
-                    }
-                }
-            }
+            connection.start(stream, tls).await;
             drop(permit);
             drop(address_slot);
         });
     }
     drop(listener);
     stop.send_replace(true);
-    // Every connection holds a slot until it closes.
-    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
-    let _ = slots.acquire_many(all).await;
+    slots.all_closed(limits.max_connections).await;
+}
+
+/// The connection slots (`max_connections`), and the signals that ask idle connections to
+/// close when the accept loop waits for one.
+struct Slots {
+    free: Arc<Semaphore>,
+    /// Whether the accept loop waits for a slot: connections going idle then close.
+    waiting: Arc<AtomicBool>,
+    /// Bumped while the loop waits: connections idle now close.
+    make_room: watch::Sender<u64>,
+}
+
+impl Slots {
+    fn new(max_connections: usize) -> Self {
+        let (make_room, _) = watch::channel(0u64);
+        Slots { free: Arc::new(Semaphore::new(max_connections)), waiting: Arc::default(), make_room }
+    }
+
+    /// A slot for the next connection; `None` when `shutdown` completes first. At the cap,
+    /// this connection waits for a slot (and the next ones in the backlog), and idle
+    /// connections are asked to close: only when someone is waiting, so that keep-alive
+    /// clients keep their connections while the server is merely full.
+    async fn take(&self, mut shutdown: Pin<&mut impl Future<Output = ()>>) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.free.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        self.waiting.store(true, Ordering::Release);
+        let permit = loop {
+            self.make_room.send_modify(|n| *n += 1);
+            tokio::select! {
+                permit = self.free.clone().acquire_owned() => break Some(permit.expect("the semaphore is never closed")),
+                // Again, for connections that went idle since (and at most this often: each
+                // bump wakes every connection).
+                () = tokio::time::sleep(MAKE_ROOM_INTERVAL) => {}
+                () = &mut shutdown => break None,
+            }
+        };
+        self.waiting.store(false, Ordering::Release);
+        permit
+    }
+
+    /// Returns once every connection has closed (each holds a slot until then).
+    async fn all_closed(&self, max_connections: usize) {
+        let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
+        let _ = self.free.acquire_many(all).await;
+    }
 }
 
 /// Open connections per client address (an IPv6 address counts as its /64: one host is
@@ -333,6 +343,19 @@ struct Connection {
 }
 
 impl Connection {
+    /// Serves the connection on `stream`, after a TLS handshake with `tls` (which must end
+    /// within the header timeout) when given.
+    async fn start(self, stream: tokio::net::TcpStream, tls: Option<tokio_rustls::TlsAcceptor>) {
+        let Some(acceptor) = tls else { return self.run(stream).await };
+        let deadline = *self.state.since() + self.limits.header_timeout;
+        let peer = self.peer;
+        match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => self.run(tls).await,
+            Ok(Err(e)) => tracing::debug!(peer = %peer, error = %e, "TLS handshake failed"),
+            Err(_) => tracing::debug!(peer = %peer, "TLS handshake timed out: connection closed"),
+        }
+    }
+
     async fn run<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(mut self, stream: S) {
         let io = TokioIo::new(Watched { inner: stream, state: self.state.clone() });
         let service = Service {
