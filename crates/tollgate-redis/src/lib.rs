@@ -505,12 +505,18 @@ impl Backend for RedisBackend {
         Ok(decision)
     }
 
-    /// One script call for the whole batch. On Redis Cluster a call may hold one slot's keys
+    /// One script call for the whole batch (a batch of one part: as a lone operation). On Redis Cluster a call may hold one slot's keys
     /// only, and the keys of different parts share no hash tag: there each group is split by
     /// key, one call per key, so a group is all or nothing within each key, and across keys the
     /// calls are made one after another (as envoyproxy/ratelimit charges every descriptor).
     async fn check_planned(&self, batch: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
         let parts = batch.parts();
+        if let [part] = parts {
+            // A batch of one part (an Envoy request of one descriptor) goes the way of a lone
+            // operation: coalesced with other callers' into shared calls, and a denial answered
+            // by the denial cache.
+            return Ok(vec![self.execute(part.key, part.rules, part.op).await?]);
+        }
         // The script wants each group's parts together: they are sent group by group.
         let cluster = self.client.connections.is_cluster();
         let calls: Vec<Vec<usize>> = if cluster {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tollgate_core::{Backend, Error, Period, Rule, RuleSet};
+use tollgate_core::{Backend, Error, Part, Period, Rule, RuleSet};
 use tollgate_redis::{Engine, RedisBackend};
 use tollgate_testkit::RedisServer;
 use tollgate_testkit::conformance::one_of_each;
@@ -31,6 +31,17 @@ fn p(text: &str) -> Period {
 
 /// 64 tasks race `total` requests of cost 1 at one key; returns how many were admitted.
 async fn race(backend: &Arc<RedisBackend>, key: &str, rules: &RuleSet, total: usize) -> usize {
+    race_via(backend, key, rules, total, false).await
+}
+
+/// [`race`], each check sent as a batch of one part when `batches`.
+async fn race_via(
+    backend: &Arc<RedisBackend>,
+    key: &str,
+    rules: &RuleSet,
+    total: usize,
+    batches: bool,
+) -> usize {
     const TASKS: usize = 64;
     let mut handles = Vec::new();
     for task in 0..TASKS {
@@ -41,6 +52,8 @@ async fn race(backend: &Arc<RedisBackend>, key: &str, rules: &RuleSet, total: us
             for _ in 0..mine {
                 let allowed = if rules.has_concurrency() {
                     backend.acquire(&key, &rules, 1).await.unwrap().decision.allowed()
+                } else if batches {
+                    backend.check_batch(&[Part::new(&key, &rules, 1)]).await.unwrap()[0].allowed()
                 } else {
                     backend.check(&key, &rules, 1).await.unwrap().allowed()
                 };
@@ -391,18 +404,22 @@ async fn concurrent_operations_are_coalesced_and_stay_exact(engine: Engine) {
                 .build()
                 .unwrap(),
         );
-        let before = engine_calls(&server);
-        assert_eq!(race(&backend, name, &rules, 3000).await, 1000, "{name}");
-        let calls = engine_calls(&server) - before;
-        if coalesce == 1 {
-            assert_eq!(calls, 3000, "one call per operation");
-        } else {
-            // 64 callers on one connection: most operations share a call.
-            assert!(calls < 1500, "{calls} script calls for 3,000 coalesced operations");
+        // Lone checks, then batches of one part (an Envoy request of one descriptor), which
+        // take the same way.
+        for (batches, key) in [(false, name.to_owned()), (true, format!("{name}-batches"))] {
+            let before = engine_calls(&server);
+            assert_eq!(race_via(&backend, &key, &rules, 3000, batches).await, 1000, "{key}");
+            let calls = engine_calls(&server) - before;
+            if coalesce == 1 {
+                assert_eq!(calls, 3000, "{key}: one call per operation");
+            } else {
+                // 64 callers on one connection: most operations share a call.
+                assert!(calls < 1500, "{key}: {calls} script calls for 3,000 coalesced operations");
+            }
+            let left = backend.check(&key, &rules, 0).await.unwrap();
+            assert_eq!(left.rules()[0].remaining, 0, "{key}");
+            assert_eq!(left.rules()[1].remaining, 500, "{key}: 1,000 taken from the bucket, no more");
         }
-        let left = backend.check(name, &rules, 0).await.unwrap();
-        assert_eq!(left.rules()[0].remaining, 0, "{name}");
-        assert_eq!(left.rules()[1].remaining, 500, "{name}: 1,000 taken from the bucket, no more");
     }
 }
 
