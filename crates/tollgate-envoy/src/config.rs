@@ -190,7 +190,7 @@ pub struct Node {
     pub quota_mode: bool,
     /// Metrics keyed by the request's values.
     pub detailed_metric: bool,
-    /// Upstream's `value_to_metric` (accepted; Tollgate's metrics use `detailed_metric` alone).
+    /// Upstream's `value_to_metric`: the request's value in the stat key path at this level.
     pub value_to_metric: bool,
     /// Values matching this node's wildcard share one counter.
     pub share_threshold: bool,
@@ -857,6 +857,10 @@ pub struct Match<'a> {
     pub node: &'a Node,
     /// Per entry: `Some(pattern)` when the entry matched a `share_threshold` wildcard.
     pub shared: Vec<Option<&'a str>>,
+    /// Upstream's stat key path below the domain (`path_/login`, `user.tier_gold`): per level
+    /// the matched descriptor's `key_value` (a wildcard's pattern), or its `key` alone, with
+    /// the request's value where `value_to_metric` asks for it (upstream's `GetLimit`).
+    pub stat_path: String,
 }
 
 /// The child of `node` an entry leads to: its exact `key_value`, else the first wildcard that
@@ -878,19 +882,38 @@ fn step<'a>(node: &'a Node, key: &str, value: &str) -> Option<(&'a Node, Option<
 pub fn find<'a>(root: &'a Node, entries: &[(String, String)]) -> Option<Match<'a>> {
     let mut node = root;
     let mut shared = vec![None; entries.len()];
+    let mut stat_path = String::new();
     for (i, (key, value)) in entries.iter().enumerate() {
         let (next, wildcard) = step(node, key, value)?;
+        let prefix = format!("{key}_");
         if let Some(joined) = wildcard.filter(|_| next.share_threshold) {
             // The pattern's value part, as upstream trims the entry's key from it.
-            let prefix = format!("{key}_");
             shared[i] = Some(joined.strip_prefix(prefix.as_str()).unwrap_or(joined));
+        }
+        // The value this level puts in the stat key path, as upstream chooses it.
+        let stat_value = match wildcard {
+            Some(_) if shared[i].is_some() => shared[i].unwrap_or_default(),
+            Some(_) if next.value_to_metric => value.as_str(),
+            Some(joined) => joined.strip_prefix(prefix.as_str()).unwrap_or(joined),
+            // Matched by `key_value` (a descriptor with a value, or a key holding the join).
+            None if next.value.is_some() || next.key != *key => value.as_str(),
+            None if next.value_to_metric => value.as_str(),
+            None => "",
+        };
+        if i > 0 {
+            stat_path.push('.');
+        }
+        stat_path.push_str(key);
+        if !stat_value.is_empty() {
+            stat_path.push('_');
+            stat_path.push_str(stat_value);
         }
         if i + 1 < entries.len() && next.is_leaf() {
             return None;
         }
         node = next;
     }
-    (!entries.is_empty()).then_some(Match { node, shared })
+    (!entries.is_empty()).then_some(Match { node, shared, stat_path })
 }
 
 #[cfg(test)]

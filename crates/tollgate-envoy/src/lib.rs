@@ -16,8 +16,9 @@ pub mod xds;
 pub use config::{Config, Domain, EnvoyConfigError};
 pub use server::EnvoyServer;
 pub use service::{
-    Charging, EnvoyService, HeaderNames, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_HEADER_NAME_BYTES,
-    MAX_MERGED_METADATA_BYTES, MAX_TEXT_BYTES, header_name, names as metrics, near_limit_ratio,
+    Charging, DEFAULT_STATS_MAX_KEY_PATHS, EnvoyService, HeaderNames, MAX_DESCRIPTORS, MAX_ENTRIES,
+    MAX_HEADER_NAME_BYTES, MAX_MERGED_METADATA_BYTES, MAX_TEXT_BYTES, OVERFLOW_KEY, UpstreamCounts,
+    header_name, names as metrics, near_limit_ratio, upstream_labels,
 };
 
 use std::path::{Path, PathBuf};

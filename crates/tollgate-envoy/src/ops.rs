@@ -23,12 +23,41 @@ pub struct Health {
     pub needs_config: bool,
     /// Whether the backend has answered once.
     answered: Arc<AtomicBool>,
+    /// Set on SIGTERM: unhealthy from then on (upstream's `sigterm` component).
+    terminating: Arc<AtomicBool>,
 }
 
 impl Health {
     /// A health check with upstream's two options.
     pub fn new(check_backend: bool, needs_config: bool) -> Self {
-        Health { check_backend, needs_config, answered: Arc::default() }
+        Health { check_backend, needs_config, answered: Arc::default(), terminating: Arc::default() }
+    }
+
+    /// Unhealthy from now on, as upstream's health turns on SIGTERM.
+    pub fn terminate(&self) {
+        self.terminating.store(true, Ordering::Release);
+    }
+
+    /// Whether `service` is healthy, as `/healthcheck` and the gRPC health service answer;
+    /// the reason when it is not. Asks the backend when it must (bounded by the backend's own
+    /// timeout, `[backend] timeout`).
+    pub async fn check(&self, service: &EnvoyService) -> Result<(), &'static str> {
+        if self.terminating.load(Ordering::Acquire) {
+            return Err("shutting down");
+        }
+        if self.needs_config && !service.has_domains() {
+            return Err("no rate limit configuration loaded");
+        }
+        if self.check_backend || !self.answered.load(Ordering::Acquire) {
+            match service.limiter().ping().await {
+                Ok(()) => self.answered.store(true, Ordering::Release),
+                Err(e) => {
+                    tracing::debug!(error = %e, "healthcheck: the backend does not answer");
+                    return Err("the backend does not answer");
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -47,20 +76,10 @@ fn text(code: StatusCode, body: String) -> Response {
 /// 200 `OK` when healthy, as upstream answers; 500 otherwise (upstream sends no body; this
 /// says why).
 async fn healthcheck(State((service, health)): State<(EnvoyService, Health)>) -> Response {
-    if health.needs_config && !service.has_domains() {
-        return text(StatusCode::INTERNAL_SERVER_ERROR, "no rate limit configuration loaded\n".into());
+    match health.check(&service).await {
+        Ok(()) => text(StatusCode::OK, "OK".into()),
+        Err(why) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{why}\n")),
     }
-    if health.check_backend || !health.answered.load(Ordering::Acquire) {
-        // Bounded by the backend's own timeout ([backend] timeout).
-        match service.limiter().ping().await {
-            Ok(()) => health.answered.store(true, Ordering::Release),
-            Err(e) => {
-                tracing::debug!(error = %e, "healthcheck: the backend does not answer");
-                return text(StatusCode::INTERNAL_SERVER_ERROR, "the backend does not answer\n".into());
-            }
-        }
-    }
-    text(StatusCode::OK, "OK".into())
 }
 
 /// The loaded configuration as upstream's `/rlconfig` prints it (see

@@ -55,6 +55,137 @@ pub mod names {
     /// Gauge: 1 while the xDS stream to the management server is open, 0 while it is being
     /// reconnected (`--envoy-xds-server`).
     pub const XDS_CONNECTED: &str = "tollgate_envoy_xds_connected";
+
+    /// Upstream's names as its Prometheus mapping exports them (`USE_PROMETHEUS`, or the
+    /// statsd_exporter mapping it ships), by `domain`, `key1` and (for a key path of two
+    /// levels or more) `key2`, counted as upstream counts them (see [`super::UpstreamCounts`]).
+    pub mod upstream {
+        /// Counter: hits of a limited descriptor.
+        pub const TOTAL_HITS: &str = "ratelimit_service_rate_limit_total_hits";
+        /// Counter: hits over the limit (shadow-mode ones included).
+        pub const OVER_LIMIT: &str = "ratelimit_service_rate_limit_over_limit";
+        /// Counter: hits past the near-limit threshold and within the limit.
+        pub const NEAR_LIMIT: &str = "ratelimit_service_rate_limit_near_limit";
+        /// Counter: hits of requests the descriptor admitted (near ones included).
+        pub const WITHIN_LIMIT: &str = "ratelimit_service_rate_limit_within_limit";
+        /// Counter: hits over the limit of a shadow-mode descriptor.
+        pub const SHADOW_MODE: &str = "ratelimit_service_rate_limit_shadow_mode";
+    }
+}
+
+/// The `key1` label of the hits of key paths past the bound (see
+/// [`EnvoyService::with_stats_max_key_paths`]): `|` never appears in a key path's labels
+/// (upstream's stat names turn it into `_`).
+pub const OVERFLOW_KEY: &str = "|overflow|";
+
+/// Distinct key paths counted by default, per family of names.
+pub const DEFAULT_STATS_MAX_KEY_PATHS: usize = 10_000;
+
+/// The label sets already counted, up to a bound: a stranger chooses the values that
+/// `detailed_metric`, `value_to_metric` and a request's own limit put in key paths.
+#[derive(Debug)]
+struct Seen {
+    max: usize,
+    upstream: std::sync::RwLock<HashSet<String>>,
+    legacy: std::sync::RwLock<HashSet<String>>,
+}
+
+impl Seen {
+    /// Whether `id` may have a series of its own in `set`: already there, or room left.
+    fn admit(&self, set: &std::sync::RwLock<HashSet<String>>, id: &str) -> bool {
+        // Known label sets, the usual case, only read.
+        if set.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(id) {
+            return true;
+        }
+        let mut set = set.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if set.contains(id) {
+            return true;
+        }
+        if set.len() >= self.max {
+            return false;
+        }
+        set.insert(id.to_owned());
+        true
+    }
+}
+
+/// Upstream's counting of one descriptor's hits (its `base_limiter.go`), from the counter
+/// before and after the hits, whether or not they were charged.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct UpstreamCounts {
+    /// The part of the hits past the limit.
+    pub over: u64,
+    /// The part past `floor(limit x ratio)` and up to the limit.
+    pub near: u64,
+    /// Every hit, when the limit admitted them all; none otherwise.
+    pub within: u64,
+    /// `over` again, for a shadow-mode descriptor.
+    pub shadow: u64,
+}
+
+impl UpstreamCounts {
+    /// `hits` on a counter at `before` under `limit`, as upstream splits them.
+    pub fn new(limit: u64, before: u64, hits: u64, ratio: f32, shadow: bool) -> Self {
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let near_at = (limit as f32 * ratio).floor() as u64;
+        let after = before.saturating_add(hits);
+        let mut c = UpstreamCounts::default();
+        if after > limit {
+            if before >= limit {
+                c.over = hits;
+            } else {
+                c.over = after - limit;
+                c.near = limit - near_at.max(before);
+            }
+            if shadow {
+                c.shadow = c.over;
+            }
+        } else {
+            if after > near_at {
+                c.near = if before >= near_at { hits } else { after - near_at };
+            }
+            c.within = hits;
+        }
+        c
+    }
+}
+
+/// Upstream's stat name sanitising (`SanitizeStatName`): `:` and `|` become `_`, and so do
+/// the dots of anything shaped like an IPv4 address (1 to 3 digits, four times).
+fn sanitize_stat_name(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = s.replace([':', '|'], "_").into_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match ipv4_at(b, i) {
+            Some(end) => {
+                for o in &mut out[i..end] {
+                    if *o == b'.' {
+                        *o = b'_';
+                    }
+                }
+                i = end;
+            }
+            None => i += 1,
+        }
+    }
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Where an IPv4-shaped run starting at `i` ends, preferring longer groups as a regular
+/// expression's greedy `\d{1,3}` does.
+fn ipv4_at(b: &[u8], i: usize) -> Option<usize> {
+    fn group(b: &[u8], i: usize, left: usize) -> Option<usize> {
+        let digits = b[i..].iter().take(3).take_while(|c| c.is_ascii_digit()).count();
+        (1..=digits).rev().find_map(|n| {
+            let end = i + n;
+            if left == 0 {
+                return Some(end);
+            }
+            (b.get(end) == Some(&b'.')).then_some(()).and_then(|()| group(b, end + 1, left - 1))
+        })
+    }
+    group(b, i, 3)
 }
 
 /// The names of the rate-limit response headers (upstream's `LIMIT_LIMIT_HEADER`,
@@ -143,8 +274,10 @@ pub struct EnvoyService {
     near_limit_ratio: f32,
     dynamic_metadata: bool,
     global_shadow_mode: bool,
+    global_quota_mode: bool,
     charging: Charging,
     reserve: Reserve,
+    seen: Arc<Seen>,
 }
 
 impl std::fmt::Debug for EnvoyService {
@@ -169,9 +302,27 @@ impl EnvoyService {
             near_limit_ratio: 0.8,
             dynamic_metadata: false,
             global_shadow_mode: false,
+            global_quota_mode: false,
             charging: Charging::Each,
             reserve: Reserve::Off,
+            seen: Arc::new(Seen {
+                max: DEFAULT_STATS_MAX_KEY_PATHS,
+                upstream: std::sync::RwLock::default(),
+                legacy: std::sync::RwLock::default(),
+            }),
         }
+    }
+
+    /// At most `max` distinct label sets per family of hit counters (upstream's and
+    /// Tollgate's); the hits of a new key path past the bound are counted under
+    /// `key1="|overflow|"` (`descriptor="|overflow|"` for Tollgate's names).
+    pub fn with_stats_max_key_paths(mut self, max: usize) -> Self {
+        self.seen = Arc::new(Seen {
+            max,
+            upstream: std::sync::RwLock::default(),
+            legacy: std::sync::RwLock::default(),
+        });
+        self
     }
 
     /// With quota reservations (see [`tollgate_limiter::reserve`]) for descriptors whose
@@ -207,6 +358,15 @@ impl EnvoyService {
     /// [`names::GLOBAL_SHADOW_MODE`]).
     pub fn with_global_shadow_mode(mut self, enabled: bool) -> Self {
         self.global_shadow_mode = enabled;
+        self
+    }
+
+    /// Every descriptor in quota mode, as upstream's `QUOTA_MODE`: a descriptor over its limit
+    /// answers OVER_LIMIT in its status, and the request is refused only when every descriptor
+    /// of it is over its limit (an unmatched one is never over: it keeps the request OK; an
+    /// unlimited one takes no part), a request's own limit included.
+    pub fn with_global_quota_mode(mut self, enabled: bool) -> Self {
+        self.global_quota_mode = enabled;
         self
     }
 
@@ -261,6 +421,8 @@ struct Planned<'a> {
     shadow: bool,
     quota: bool,
     detailed: bool,
+    /// Upstream's stat key path below the domain (see [`crate::config::Match::stat_path`]).
+    stat_path: String,
     hits: u64,
     /// Per entry, the wildcard its value is counted under (`share_threshold`).
     shared: Vec<Option<&'a str>>,
@@ -313,6 +475,7 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
         shadow: false,
         quota: false,
         detailed: false,
+        stat_path: String::new(),
         hits,
         shared: vec![None; entries.len()],
         entries,
@@ -337,6 +500,8 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
             window_secs,
             replaces: Vec::new(),
         }));
+        // Upstream's stat key for a request's own limit: every entry's key_value.
+        planned.stat_path = joined_path(planned.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         return planned;
     }
     if let Some(m) = find(&domain.root, &planned.entries) {
@@ -345,10 +510,29 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
         planned.shadow = m.node.shadow_mode;
         planned.quota = m.node.quota_mode;
         planned.detailed = m.node.detailed_metric;
+        planned.stat_path = match m.node.detailed_metric {
+            // detailed_metric: the request's values, a shared threshold's pattern for its own.
+            // detailed_metric: every entry's key_value ("key_" too, as upstream writes it).
+            true if m.shared.iter().all(Option::is_none) => {
+                planned.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect::<Vec<_>>().join(".")
+            }
+            // With a shared threshold, its pattern for its own entries.
+            true => joined_path(
+                planned.entries.iter().zip(&m.shared).map(|((k, v), s)| (k.as_str(), s.unwrap_or(v))),
+            ),
+            false => m.stat_path,
+        };
         planned.shared = m.shared;
         planned.metadata = m.node.metadata.as_ref();
     }
     planned
+}
+
+/// `key_value` (or `key` when the value is empty) per entry, joined by `.`.
+fn joined_path<'e>(entries: impl Iterator<Item = (&'e str, &'e str)>) -> String {
+    let parts: Vec<String> =
+        entries.map(|(k, v)| if v.is_empty() { k.to_owned() } else { format!("{k}_{v}") }).collect();
+    parts.join(".")
 }
 
 /// `replaces`: a named limit is dropped when a limit matched by this request replaces it (an
@@ -439,17 +623,20 @@ fn answer(
     items: &[Item<'_, '_>],
     verdicts: &[Verdict],
     ratio: f32,
+    seen: &Seen,
 ) -> DescriptorStatus {
     match outcome {
         Outcome::Free => status(Code::Ok, None, 0, Duration::ZERO),
         Outcome::Unlimited => status(Code::Ok, None, u64::from(u32::MAX), Duration::ZERO),
         Outcome::Blocked(at) => {
             let limit = p.limits[*at].as_ref();
-            count_hits(&labels(domain, p), p.hits, p.shadow, true, false);
+            count_hits(&labels(domain, p, seen), p.hits, p.shadow, true, false);
+            // A limit of 0: every hit over it, whatever the counter held.
+            count_upstream(domain, p, &UpstreamCounts::new(0, 0, p.hits, ratio, p.shadow), seen);
             let code = if p.shadow { Code::Ok } else { Code::OverLimit };
             status(code, Some(limit), 0, aligned_reset(limit.unit))
         }
-        Outcome::Checked(at) => descriptor_status(domain, &items[*at], &verdicts[*at], ratio),
+        Outcome::Checked(at) => descriptor_status(domain, &items[*at], &verdicts[*at], ratio, seen),
     }
 }
 
@@ -462,15 +649,58 @@ struct Item<'p, 'a> {
     limited: Vec<&'p Limit>,
     /// More hits than the limits can ever admit: over the limit whatever the state.
     impossible: bool,
+    /// Charged only if the request's other enforced checks are admitted (all or nothing).
+    together: bool,
+    /// Whether its hits were spent (set by [`EnvoyService::check`]).
+    charged: bool,
 }
 
-/// The metric labels of a descriptor.
-fn labels(domain: &str, p: &Planned<'_>) -> [(&'static str, String); 2] {
+/// The metric labels of a descriptor in Tollgate's names (`descriptor="|overflow|"` past the
+/// bound of label sets).
+fn labels(domain: &str, p: &Planned<'_>, seen: &Seen) -> [(&'static str, String); 2] {
     let label = match p.detailed {
         true => p.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect::<Vec<_>>().join("."),
         false => p.entries.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join("."),
     };
+    let label = match seen.admit(&seen.legacy, &format!("{domain}\n{label}")) {
+        true => label,
+        false => OVERFLOW_KEY.to_owned(),
+    };
     [("domain", domain.to_owned()), ("descriptor", label)]
+}
+
+/// Upstream's Prometheus labels of a stat key path, as its mapping makes them: the stat name
+/// `<domain>.<key path>` sanitised and split at its dots into `domain`, `key1` and, when there
+/// are more levels, `key2` (deeper levels are not labelled).
+pub fn upstream_labels(domain: &str, stat_path: &str) -> Vec<(&'static str, String)> {
+    let name = sanitize_stat_name(&format!("{domain}.{stat_path}"));
+    let mut parts = name.split('.');
+    let mut labels = vec![("domain", parts.next().unwrap_or_default().to_owned())];
+    labels.push(("key1", parts.next().unwrap_or_default().to_owned()));
+    if let Some(key2) = parts.next() {
+        labels.push(("key2", key2.to_owned()));
+    }
+    labels
+}
+
+/// Counts a descriptor's hits under upstream's names.
+fn count_upstream(domain: &str, p: &Planned<'_>, c: &UpstreamCounts, seen: &Seen) {
+    use names::upstream as n;
+    let mut labels = upstream_labels(domain, &p.stat_path);
+    let id: Vec<&str> = labels.iter().map(|(_, v)| v.as_str()).collect();
+    if !seen.admit(&seen.upstream, &id.join("\n")) {
+        labels = vec![("domain", labels[0].1.clone()), ("key1", OVERFLOW_KEY.to_owned())];
+    }
+    ::metrics::counter!(n::TOTAL_HITS, &labels).increment(p.hits);
+    for (name, value) in [
+        (n::OVER_LIMIT, c.over),
+        (n::NEAR_LIMIT, c.near),
+        (n::WITHIN_LIMIT, c.within),
+        (n::SHADOW_MODE, c.shadow),
+    ] {
+        // Every family of a key path is registered, as upstream creates them together.
+        ::metrics::counter!(name, &labels).increment(value);
+    }
 }
 
 impl<'p, 'a> Item<'p, 'a> {
@@ -506,6 +736,8 @@ impl<'p, 'a> Item<'p, 'a> {
             },
             limited,
             impossible: false,
+            together: mode == Mode::Enforce,
+            charged: false,
         })
     }
 }
@@ -517,13 +749,20 @@ impl EnvoyService {
     pub async fn decide(&self, req: RateLimitRequest) -> Result<RateLimitResponse, Status> {
         check_request(&req)?;
         let domains = self.domains.load_full();
-        let planned = plan(&req, domains.get(&req.domain));
+        let mut planned = plan(&req, domains.get(&req.domain));
+        if self.global_quota_mode {
+            for p in &mut planned {
+                p.quota = true;
+            }
+        }
         let Sorted { outcomes, mut items, blocked } = self.sort(&req.domain, &planned)?;
         let verdicts = self.check(&mut items, blocked).await?;
         let statuses = planned
             .iter()
             .zip(&outcomes)
-            .map(|(p, outcome)| answer(&req.domain, p, outcome, &items, &verdicts, self.near_limit_ratio))
+            .map(|(p, outcome)| {
+                answer(&req.domain, p, outcome, &items, &verdicts, self.near_limit_ratio, &self.seen)
+            })
             .collect();
         Ok(self.response(&req, &planned, &outcomes, statuses))
     }
@@ -567,7 +806,9 @@ impl EnvoyService {
         let (mut failed, mut quota_total, mut quota_failed) = (0, 0, 0);
         for ((p, outcome), status) in planned.iter().zip(outcomes).zip(&statuses) {
             let over = status.code == Code::OverLimit as i32;
-            if p.quota && !matches!(outcome, Outcome::Free | Outcome::Unlimited) {
+            // Upstream counts a descriptor without a limit as quota mode only globally.
+            let free = matches!(outcome, Outcome::Free) && !self.global_quota_mode;
+            if p.quota && !free && !matches!(outcome, Outcome::Unlimited) {
                 quota_total += 1;
                 quota_failed += usize::from(over);
                 refusing.push(false);
@@ -611,12 +852,19 @@ impl EnvoyService {
                     Check { key: &i.key, policy: &i.policy, cost: if peek { 0 } else { i.planned.hits } }
                 })
                 .collect();
+            let peeks: Vec<bool> = checks.iter().map(|c| c.cost == 0).collect();
             let answer = match self.charging {
-                Charging::Each => self.limiter.check_each(&checks).await,
-                _ => self.limiter.check_all(&checks).await.map(|joint| joint.verdicts),
+                Charging::Each => self.limiter.check_each(&checks).await.map(|v| (true, v)),
+                _ => self.limiter.check_all(&checks).await.map(|joint| (joint.admitted, joint.verdicts)),
             };
             match answer {
-                Ok(verdicts) => return Ok(verdicts),
+                Ok((admitted, verdicts)) => {
+                    for ((item, verdict), peek) in items.iter_mut().zip(&verdicts).zip(peeks) {
+                        let together = item.together && self.charging != Charging::Each;
+                        item.charged = !peek && verdict.decision.allowed() && (admitted || !together);
+                    }
+                    return Ok(verdicts);
+                }
                 Err(LimitError::Invalid(CoreError::InPart { part, error }))
                     if matches!(*error, CoreError::CostExceedsCapacity { .. }) =>
                 {
@@ -634,11 +882,22 @@ impl EnvoyService {
 
 /// A checked descriptor's status; counts its hits in the metrics. Over the limit, nothing
 /// remains (upstream's answer), shadow mode or not.
-fn descriptor_status(domain: &str, item: &Item<'_, '_>, verdict: &Verdict, ratio: f32) -> DescriptorStatus {
+fn descriptor_status(
+    domain: &str,
+    item: &Item<'_, '_>,
+    verdict: &Verdict,
+    ratio: f32,
+    seen: &Seen,
+) -> DescriptorStatus {
     let d = &verdict.decision;
     let p = item.planned;
     let over = item.impossible || !d.allowed();
-    count_hits(&labels(domain, p), p.hits, p.shadow, over, near(d, ratio));
+    count_hits(&labels(domain, p, seen), p.hits, p.shadow, over, near(d, ratio));
+    // Upstream's counts from the binding rule's counter before these hits.
+    let o = d.binding();
+    let used = o.limit.saturating_sub(o.remaining);
+    let before = if item.charged { used.saturating_sub(p.hits) } else { used };
+    count_upstream(domain, p, &UpstreamCounts::new(o.limit, before, p.hits, ratio, p.shadow), seen);
     let code = if over && !p.shadow { Code::OverLimit } else { Code::Ok };
     let binding = d.rules().iter().position(|o| std::ptr::eq(o, d.binding())).unwrap_or(0);
     let limit = item.limited.get(binding).copied();
@@ -884,5 +1143,34 @@ mod tests {
         let reset = aligned_reset(Some(Unit::Minute));
         assert!(reset > Duration::ZERO && reset <= Duration::from_secs(60), "{reset:?}");
         assert_eq!(aligned_reset(None), Duration::ZERO);
+    }
+
+    #[test]
+    fn stat_names_are_sanitised_as_upstream() {
+        assert_eq!(sanitize_stat_name("edge.remote_address_10.0.0.1"), "edge.remote_address_10_0_0_1");
+        assert_eq!(sanitize_stat_name("a:b|c.1234.5.6.7.8"), "a_b_c.1234_5_6_7.8");
+        assert_eq!(sanitize_stat_name("v1.2.3"), "v1.2.3");
+        assert_eq!(
+            upstream_labels("edge", "user.tier_gold.more"),
+            vec![
+                ("domain", "edge".to_owned()),
+                ("key1", "user".to_owned()),
+                ("key2", "tier_gold".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn hits_are_split_as_upstreams_base_limiter_splits_them() {
+        let c = |before, hits| UpstreamCounts::new(10, before, hits, 0.8, false);
+        let counts = |c: UpstreamCounts| [c.over, c.near, c.within, c.shadow];
+        assert_eq!(counts(c(0, 7)), [0, 0, 7, 0]);
+        assert_eq!(counts(c(7, 2)), [0, 1, 2, 0]);
+        assert_eq!(counts(c(8, 2)), [0, 2, 2, 0]);
+        assert_eq!(counts(c(9, 3)), [2, 1, 0, 0]);
+        assert_eq!(counts(c(5, 10)), [5, 2, 0, 0]);
+        assert_eq!(counts(c(10, 4)), [4, 0, 0, 0]);
+        assert_eq!(counts(UpstreamCounts::new(10, 9, 3, 0.8, true)), [2, 1, 0, 2]);
+        assert_eq!(counts(UpstreamCounts::new(0, 0, 3, 0.8, false)), [3, 0, 0, 0]);
     }
 }

@@ -14,7 +14,7 @@ use tollgate_envoy::config::{LimitKind, Match, find};
 use tollgate_envoy::{Config, Domain};
 
 fn describe(found: Option<Match<'_>>) -> String {
-    let Some(Match { node, shared }) = found else { return "none".into() };
+    let Some(Match { node, shared, .. }) = found else { return "none".into() };
     if node.limits.is_empty() {
         return "no-limit-node".into();
     }

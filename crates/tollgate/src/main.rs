@@ -211,6 +211,15 @@ struct ServeArgs {
     /// (the near_limit metric; upstream's NEAR_LIMIT_RATIO), above 0 and at most 1.
     #[arg(long, env = "TOLLGATE_ENVOY_NEAR_LIMIT_RATIO", value_name = "RATIO", default_value = "0.8", value_parser = tollgate_envoy::near_limit_ratio)]
     envoy_near_limit_ratio: f32,
+    /// Envoy: every descriptor in quota mode (upstream's QUOTA_MODE): a request is refused
+    /// only when all its descriptors are over their limits; each status still says OVER_LIMIT.
+    #[arg(long, env = "TOLLGATE_ENVOY_QUOTA_MODE")]
+    envoy_quota_mode: bool,
+    /// Envoy: at most this many distinct key paths (label sets) in the hit counters, per
+    /// family of names; the hits of new ones past it are counted under key1="|overflow|"
+    /// (descriptor="|overflow|" for the tollgate_envoy_* names).
+    #[arg(long, env = "TOLLGATE_ENVOY_STATS_MAX_KEY_PATHS", value_name = "N", default_value_t = tollgate_envoy::DEFAULT_STATS_MAX_KEY_PATHS)]
+    envoy_stats_max_key_paths: usize,
     /// Envoy: answer every request OK overall, whatever its descriptors' statuses say, and
     /// count those that would have been refused (upstream's SHADOW_MODE).
     #[arg(long, env = "TOLLGATE_ENVOY_SHADOW_MODE")]

@@ -185,15 +185,28 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let traced = tracing.is_some();
-    serve_grpc(&args, envoy.clone(), crate::listen::Limits { max_body: None, ..limits }, traced).await?;
-    let limiter = state.limiter().clone();
-    // Upstream's HTTP endpoints beside the API: /json, /healthcheck and /rlconfig.
+    // Upstream's health: /healthcheck, and the gRPC health service following it.
     let health =
         tollgate_envoy::ops::Health::new(args.envoy_health_checks_backend, args.envoy_health_needs_config);
+    let grpc_health = serve_grpc(
+        &args,
+        envoy.clone(),
+        health.clone(),
+        crate::listen::Limits { max_body: None, ..limits },
+        traced,
+    )
+    .await?;
+    let limiter = state.limiter().clone();
+    // Upstream's HTTP endpoints beside the API: /json, /healthcheck and /rlconfig.
     let envoy_http =
-        tollgate_envoy::json::router(envoy.clone()).merge(tollgate_envoy::ops::router(envoy, health));
+        tollgate_envoy::json::router(envoy.clone()).merge(tollgate_envoy::ops::router(envoy, health.clone()));
     let app = with_request_spans(tollgate_server::router_with(state, envoy_http), traced);
-    serve_http(listener, app, limits).await;
+    // On a signal, both health checks fail at once (upstream's sigterm component).
+    let terminating = async move {
+        health.terminate();
+        grpc_health.set(false).await;
+    };
+    serve_http(listener, app, limits, terminating).await;
     // Reserved units not admitted go back to the backend (see tollgate_limiter::reserve).
     limiter.shutdown().await;
     if let Some(tracing) = tracing {
@@ -332,7 +345,9 @@ fn start_envoy(args: &ServeArgs, limiter: Limiter) -> anyhow::Result<tollgate_en
             reset: args.envoy_reset_header.clone(),
         })
         .with_near_limit_ratio(args.envoy_near_limit_ratio)
+        .with_stats_max_key_paths(args.envoy_stats_max_key_paths)
         .with_global_shadow_mode(args.envoy_shadow_mode)
+        .with_global_quota_mode(args.envoy_quota_mode)
         .with_dynamic_metadata(args.envoy_response_dynamic_metadata)
         .with_charging(match (args.envoy_all_or_nothing, args.envoy_stop_increment_when_over_limit) {
             (true, _) => tollgate_envoy::Charging::AllOrNothing,
@@ -439,14 +454,38 @@ async fn subscribe_envoy_xds(
     Ok(client)
 }
 
+/// The names the standard gRPC health service answers for: the server as a whole, the
+/// rate-limit service, and upstream's name for it.
+const GRPC_HEALTH_NAMES: [&str; 3] = ["", "envoy.service.ratelimit.v3.RateLimitService", "ratelimit"];
+
+/// How often the gRPC health service asks what `/healthcheck` would answer.
+const GRPC_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The standard gRPC health service's statuses.
+#[derive(Clone)]
+struct GrpcHealth(tonic_health::server::HealthReporter);
+
+impl GrpcHealth {
+    /// SERVING or NOT_SERVING, for every name of [`GRPC_HEALTH_NAMES`].
+    async fn set(&self, serving: bool) {
+        use tonic_health::ServingStatus;
+        let status = if serving { ServingStatus::Serving } else { ServingStatus::NotServing };
+        for name in GRPC_HEALTH_NAMES {
+            self.0.set_service_status(name, status).await;
+        }
+    }
+}
+
 /// Serves the Envoy rate-limit service and the standard gRPC health service on
-/// `--grpc-listen`, in the background.
+/// `--grpc-listen`, in the background; the health service answers what `/healthcheck` does
+/// (`health`), asked every [`GRPC_HEALTH_INTERVAL`].
 async fn serve_grpc(
     args: &ServeArgs,
     envoy: tollgate_envoy::EnvoyService,
+    health: tollgate_envoy::ops::Health,
     limits: crate::listen::Limits,
     traced: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<GrpcHealth> {
     let tls = match (&args.grpc_tls_cert, &args.grpc_tls_key) {
         (Some(cert), Some(key)) => Some(crate::tls::acceptor(
             cert,
@@ -464,9 +503,23 @@ async fn serve_grpc(
         client_certificates = args.grpc_tls_client_ca.is_some(),
         "Envoy rate-limit service (gRPC) is listening"
     );
-    // The standard gRPC health service: SERVING for "" and for the rate-limit service.
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<tollgate_envoy::EnvoyServer>().await;
+    // The standard gRPC health service: NOT_SERVING until /healthcheck's answer is known.
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let reporter = GrpcHealth(reporter);
+    reporter.set(false).await;
+    let watched = envoy.clone();
+    let following = reporter.clone();
+    tokio::spawn(async move {
+        let mut last = None;
+        loop {
+            let healthy = health.check(&watched).await.is_ok();
+            if last != Some(healthy) {
+                following.set(healthy).await;
+                last = Some(healthy);
+            }
+            tokio::time::sleep(GRPC_HEALTH_INTERVAL).await;
+        }
+    });
     // Served by the same connection loop as the HTTP API, so a stranger on the gRPC port meets
     // the same header, body and idle timeouts and the same connection cap (issue 18). No body
     // cap by Content-Length (gRPC sends none); tonic refuses messages over 4 MiB itself.
@@ -475,15 +528,21 @@ async fn serve_grpc(
         .into_axum_router();
     let grpc = with_request_spans(grpc, traced);
     tokio::spawn(crate::listen::serve(grpc_listener, grpc, limits, tls, std::future::pending()));
-    Ok(())
+    Ok(reporter)
 }
 
 /// Serves `app` on `listener` until a signal, then lets requests in flight finish for up to
 /// [`SHUTDOWN_GRACE`].
-async fn serve_http(listener: tokio::net::TcpListener, app: axum::Router, limits: crate::listen::Limits) {
+async fn serve_http(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: crate::listen::Limits,
+    on_signal: impl std::future::Future<Output = ()> + Send + 'static,
+) {
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
     let server = crate::listen::serve(listener, app, limits, None, async move {
         shutdown_signal().await;
+        on_signal.await;
         tracing::info!("shutting down: no new connections; finishing requests in flight");
         let _ = signalled_tx.send(());
     });

@@ -419,6 +419,33 @@ async fn shared_thresholds_and_quota_mode() {
 }
 
 #[tokio::test]
+async fn global_quota_mode_refuses_only_when_every_descriptor_is_over() {
+    let (_server, mut client, _dir, _) = start_with(&["--envoy-quota-mode"]).await;
+    let login = || descriptor(&[("path", "/login")]);
+    assert_eq!(codes(&mut client, request(vec![login()])).await, (Code::Ok, vec![Code::Ok]));
+    // Alone and over: every descriptor of the request is over.
+    assert_eq!(codes(&mut client, request(vec![login()])).await, (Code::OverLimit, vec![Code::OverLimit]));
+    // Beside one within its limit, or one no limit matches: OK, the status still says over.
+    let ip = descriptor(&[("remote_address", "10.9.9.9")]);
+    assert_eq!(
+        codes(&mut client, request(vec![login(), ip])).await,
+        (Code::Ok, vec![Code::OverLimit, Code::Ok])
+    );
+    let nowhere = descriptor(&[("nowhere", "x")]);
+    assert_eq!(
+        codes(&mut client, request(vec![login(), nowhere])).await,
+        (Code::Ok, vec![Code::OverLimit, Code::Ok])
+    );
+    // An unlimited descriptor takes no part; a block list is over.
+    let health = descriptor(&[("path", "/health")]);
+    let blocked = descriptor(&[("remote_address", "50.0.0.5")]);
+    assert_eq!(
+        codes(&mut client, request(vec![login(), health, blocked])).await,
+        (Code::OverLimit, vec![Code::OverLimit, Code::Ok, Code::OverLimit])
+    );
+}
+
+#[tokio::test]
 async fn empty_requests_and_descriptors() {
     let (_server, mut client, _dir, _) = start().await;
     // No descriptors at all: refused, as upstream refuses it.
@@ -557,23 +584,63 @@ async fn bad_requests_are_invalid_argument() {
 }
 
 #[tokio::test]
-async fn the_standard_health_service_answers_serving() {
+async fn the_standard_health_service_follows_the_healthcheck() {
+    use tokio::io::AsyncWriteExt;
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
 
+    // Unhealthy until a domain is loaded (upstream's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
+    let dir = tempfile::tempdir().unwrap();
     let port = tollgate_testkit::free_port();
     let listen = format!("127.0.0.1:{port}");
-    let _server = Tollgate::start("", &["--grpc-listen", &listen]).await;
+    let config = dir.path().to_str().unwrap();
+    let mut server = Tollgate::start(
+        "",
+        &["--grpc-listen", &listen, "--envoy-config", config, "--envoy-health-needs-config"],
+    )
+    .await;
     let channel =
         tonic::transport::Endpoint::from_shared(format!("http://{listen}")).unwrap().connect().await.unwrap();
     let mut health = HealthClient::new(channel);
-    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
-        let r = health.check(HealthCheckRequest { service: service.into() }).await.unwrap().into_inner();
-        assert_eq!(r.status(), ServingStatus::Serving, "{service:?}");
-    }
+    let names = ["", "envoy.service.ratelimit.v3.RateLimitService", "ratelimit"];
+    let statuses = |mut health: HealthClient<Channel>| async move {
+        let mut all = Vec::new();
+        for service in names {
+            let r = health.check(HealthCheckRequest { service: service.into() }).await.unwrap().into_inner();
+            all.push(r.status());
+        }
+        all
+    };
+    assert_eq!(server.get_text("/healthcheck").await.0, 500);
+    assert_eq!(statuses(health.clone()).await, [ServingStatus::NotServing; 3]);
+
+    // A domain arrives: both turn healthy.
+    std::fs::write(dir.path().join("edge.yaml"), YAML).unwrap();
+    let serving = eventually(Duration::from_secs(10), || async {
+        statuses(health.clone()).await == [ServingStatus::Serving; 3]
+    });
+    assert!(serving.await, "the gRPC health service never turned SERVING");
+    assert_eq!(server.get_text("/healthcheck").await, (200, "OK".into()));
     let unknown = health.check(HealthCheckRequest { service: "nope".into() }).await.unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
+
+    // SIGTERM: NOT_SERVING at once, while a request in flight (its body still coming) holds
+    // the process up.
+    let mut held = tokio::net::TcpStream::connect(server.base.trim_start_matches("http://")).await.unwrap();
+    held.write_all(
+        b"POST /v1/check HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 64\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.signal_term();
+    let failing = eventually(Duration::from_secs(5), || async {
+        statuses(health.clone()).await == [ServingStatus::NotServing; 3]
+    });
+    assert!(failing.await, "the gRPC health service kept SERVING after SIGTERM");
+    assert!(server.running(), "the process should still be finishing the held request");
+    drop(held);
 }
 
 /// The limit the file gives `reloaded=x` now (peeked), `None` when none applies.

@@ -151,6 +151,16 @@ impl Tollgate {
             .sum()
     }
 
+    /// Sends SIGTERM without waiting for the exit.
+    pub fn signal_term(&self) {
+        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
