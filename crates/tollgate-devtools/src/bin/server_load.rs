@@ -1,0 +1,295 @@
+//! The load generator of `bench/compare-servers`: one client that drives any rate-limit
+//! server the same way, so that Tollgate and its peers are measured by the same code.
+//!
+//! `--connections` tasks, each on a connection of its own with one request in flight, send
+//! requests for `--duration` seconds, each for a key drawn at random (per task) of `--keys`:
+//!
+//! - `http://host:port`: HTTP/1.1 keep-alive (hyper), `--method` on `--path` with `--body`,
+//!   in which `{key}` stands for the key's number (bodies are made once, before the run);
+//! - `grpc://host:port`: Envoy's `ShouldRateLimit` (HTTP/2, tonic) in `--domain`, one
+//!   descriptor `--descriptor-key` = `--value` (`{key}` as above), hits_addend 1.
+//!
+//! Prints one JSON object: requests, requests per second, latency percentiles in µs, and the
+//! outcomes (HTTP status codes, or the RLS overall codes OK and OVER_LIMIT); anything else
+//! (another status or code, a transport error) counts as an error, whose first is kept.
+//!
+//! `cargo run --release -p tollgate-devtools --bin server_load -- --target http://127.0.0.1:8080
+//!   --path /v1/check --body '{"key":"user-{key}","policy":"bench"}'`
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use clap::Parser;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+
+/// The load generator's arguments.
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Drives a rate-limit server over HTTP or Envoy RLS gRPC; prints JSON")]
+struct Args {
+    /// http://host:port or grpc://host:port.
+    #[arg(long)]
+    target: String,
+    /// HTTP method.
+    #[arg(long, default_value = "POST")]
+    method: String,
+    /// HTTP path.
+    #[arg(long, default_value = "/")]
+    path: String,
+    /// HTTP body; `{key}` stands for the key's number. Empty: no body.
+    #[arg(long, default_value = "")]
+    body: String,
+    /// RLS domain.
+    #[arg(long, default_value = "bench")]
+    domain: String,
+    /// RLS descriptor entry's key.
+    #[arg(long, default_value = "k")]
+    descriptor_key: String,
+    /// RLS descriptor entry's value; `{key}` stands for the key's number.
+    #[arg(long, default_value = "user-{key}")]
+    value: String,
+    /// Connections, each with one request in flight.
+    #[arg(long, default_value_t = 32)]
+    connections: usize,
+    /// Seconds of load.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Key space: keys are drawn at random of 0..keys.
+    #[arg(long, default_value_t = 10_000)]
+    keys: u64,
+}
+
+/// What one task saw.
+struct Tally {
+    latencies: Histogram<u64>,
+    outcomes: BTreeMap<String, u64>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Self {
+            latencies: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds"),
+            outcomes: BTreeMap::new(),
+            errors: 0,
+            first_error: None,
+        }
+    }
+
+    fn error(&mut self, what: String) {
+        self.errors += 1;
+        self.first_error.get_or_insert(what);
+    }
+
+    fn merge(&mut self, other: Tally) {
+        self.latencies.add(&other.latencies).expect("same bounds");
+        for (k, v) in other.outcomes {
+            *self.outcomes.entry(k).or_default() += v;
+        }
+        self.errors += other.errors;
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+    }
+}
+
+/// A task's key sequence: a 64-bit LCG, seeded by the task's number.
+struct Keys {
+    state: u64,
+    keys: u64,
+}
+
+impl Keys {
+    fn next(&mut self) -> usize {
+        self.state = self.state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.state >> 33) % self.keys) as usize
+    }
+}
+
+fn template(text: &str, key: u64) -> String {
+    text.replace("{key}", &key.to_string())
+}
+
+async fn http_task(
+    args: Args,
+    authority: String,
+    bodies: std::sync::Arc<Vec<Bytes>>,
+    task: usize,
+    deadline: Instant,
+) -> Tally {
+    let mut tally = Tally::new();
+    let mut keys = Keys { state: task as u64 + 1, keys: args.keys };
+    let method: hyper::Method = args.method.parse().expect("checked in main");
+    'connect: while Instant::now() < deadline {
+        let stream = match tokio::net::TcpStream::connect(&authority).await {
+            Ok(s) => s,
+            Err(e) => {
+                tally.error(format!("connect: {e}"));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+            Ok(pair) => pair,
+            Err(e) => {
+                tally.error(format!("handshake: {e}"));
+                continue;
+            }
+        };
+        tokio::spawn(conn);
+        while Instant::now() < deadline {
+            let body = bodies[keys.next()].clone();
+            let mut request = hyper::Request::builder()
+                .method(method.clone())
+                .uri(args.path.as_str())
+                .header(hyper::header::HOST, authority.as_str());
+            if !body.is_empty() {
+                request = request.header(hyper::header::CONTENT_TYPE, "application/json");
+            }
+            let request = request.body(Full::new(body)).expect("a valid request");
+            let start = Instant::now();
+            let response = match sender.send_request(request).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tally.error(format!("request: {e}"));
+                    continue 'connect;
+                }
+            };
+            let status = response.status();
+            if let Err(e) = response.into_body().collect().await {
+                tally.error(format!("body: {e}"));
+                continue 'connect;
+            }
+            tally.latencies.saturating_record(start.elapsed().as_micros() as u64);
+            if status == hyper::StatusCode::OK || status == hyper::StatusCode::TOO_MANY_REQUESTS {
+                *tally.outcomes.entry(status.as_u16().to_string()).or_default() += 1;
+            } else {
+                tally.error(format!("status {status}"));
+            }
+        }
+    }
+    tally
+}
+
+async fn grpc_task(
+    uri: String,
+    requests: std::sync::Arc<Vec<RateLimitRequest>>,
+    keys: u64,
+    task: usize,
+    deadline: Instant,
+) -> Tally {
+    let mut tally = Tally::new();
+    let mut keys = Keys { state: task as u64 + 1, keys };
+    while Instant::now() < deadline {
+        let channel = match tonic::transport::Endpoint::from_shared(uri.clone())
+            .expect("checked in main")
+            .tcp_nodelay(true)
+            .connect()
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tally.error(format!("connect: {e}"));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let mut client = RateLimitServiceClient::new(channel);
+        while Instant::now() < deadline {
+            let request = requests[keys.next()].clone();
+            let start = Instant::now();
+            match client.should_rate_limit(request).await {
+                Ok(response) => {
+                    tally.latencies.saturating_record(start.elapsed().as_micros() as u64);
+                    let code = response.into_inner().overall_code;
+                    match code {
+                        1 => *tally.outcomes.entry("OK".into()).or_default() += 1,
+                        2 => *tally.outcomes.entry("OVER_LIMIT".into()).or_default() += 1,
+                        other => tally.error(format!("overall_code {other}")),
+                    }
+                }
+                Err(status) => {
+                    tally.error(format!("status {:?}: {}", status.code(), status.message()));
+                }
+            }
+        }
+    }
+    tally
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.connections == 0 || args.keys == 0 || args.duration <= 0.0 {
+        bail!("--connections, --keys and --duration must be positive");
+    }
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(args.duration);
+    let mut tasks = Vec::new();
+    if let Some(authority) = args.target.strip_prefix("http://") {
+        let authority = authority.trim_end_matches('/').to_owned();
+        args.method.parse::<hyper::Method>().context("--method")?;
+        let bodies: Vec<Bytes> = (0..args.keys).map(|k| Bytes::from(template(&args.body, k))).collect();
+        let bodies = std::sync::Arc::new(bodies);
+        for task in 0..args.connections {
+            tasks.push(tokio::spawn(http_task(
+                args.clone(),
+                authority.clone(),
+                bodies.clone(),
+                task,
+                deadline,
+            )));
+        }
+    } else if let Some(authority) = args.target.strip_prefix("grpc://") {
+        let uri = format!("http://{}", authority.trim_end_matches('/'));
+        tonic::transport::Endpoint::from_shared(uri.clone()).context("--target")?;
+        let requests: Vec<RateLimitRequest> = (0..args.keys)
+            .map(|k| RateLimitRequest {
+                domain: args.domain.clone(),
+                descriptors: vec![RateLimitDescriptor {
+                    entries: vec![Entry {
+                        key: args.descriptor_key.clone(),
+                        value: template(&args.value, k),
+                    }],
+                    ..Default::default()
+                }],
+                hits_addend: 1,
+            })
+            .collect();
+        let requests = std::sync::Arc::new(requests);
+        for task in 0..args.connections {
+            tasks.push(tokio::spawn(grpc_task(uri.clone(), requests.clone(), args.keys, task, deadline)));
+        }
+    } else {
+        bail!("--target must be http://host:port or grpc://host:port");
+    }
+    let mut all = Tally::new();
+    for task in tasks {
+        all.merge(task.await?);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let requests: u64 = all.outcomes.values().sum();
+    let at = |q: f64| all.latencies.value_at_quantile(q);
+    let report = serde_json::json!({
+        "target": args.target,
+        "connections": args.connections,
+        "seconds": seconds,
+        "requests": requests,
+        "per_second": requests as f64 / seconds,
+        "latency_us": {"p50": at(0.50), "p90": at(0.90), "p99": at(0.99), "p999": at(0.999), "max": all.latencies.max()},
+        "outcomes": all.outcomes,
+        "errors": all.errors,
+        "first_error": all.first_error,
+    });
+    println!("{report}");
+    Ok(())
+}
