@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value as ProtoValue};
 use prost::Message as _;
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_yaml_ng::Value;
 use tollgate_core::{Period, Rule, RuleSet};
@@ -271,14 +272,189 @@ fn dump_node(node: &Node, path: &str, lines: &mut Vec<String>) {
     }
 }
 
-/// Why a file is not a valid configuration.
-#[derive(Debug, thiserror::Error)]
-#[error("{origin}: {message}")]
+/// Why a file is not a valid configuration: `origin:line: message` when the mistake is at a
+/// place in the file (as tollgate-config's errors), else `origin: message`.
+#[derive(Debug)]
 pub struct EnvoyConfigError {
     /// The file.
     pub origin: String,
-    /// What is wrong, with where it is (the descriptor path, or the YAML parser's line).
+    /// The line (from 1) of the offending node of the file, when there is one.
+    pub line: Option<usize>,
+    /// Its column (from 1).
+    pub column: Option<usize>,
+    /// What is wrong, with where it is (the descriptor path, or the YAML parser's words).
     pub message: String,
+}
+
+impl EnvoyConfigError {
+    /// A refusal of `origin` as a whole (no place in it).
+    pub fn new(origin: impl Into<String>, message: impl Into<String>) -> EnvoyConfigError {
+        EnvoyConfigError { origin: origin.into(), line: None, column: None, message: message.into() }
+    }
+}
+
+impl std::fmt::Display for EnvoyConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.origin)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for EnvoyConfigError {}
+
+// -------------------------------------------------------------------------------------------
+// Where a mistake is
+
+/// A step from a node of the file to one inside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// The value under this key of a map.
+    Field(&'static str),
+    /// The value of a map's entry at this place (from 0, in file order).
+    ValueOf(usize),
+    /// The key of a map's entry at this place.
+    KeyOf(usize),
+    /// A list's item at this place.
+    Index(usize),
+}
+
+/// A mistake in a file and the steps from the file's root to its node.
+#[derive(Debug)]
+struct Mistake {
+    message: String,
+    at: Vec<Step>,
+}
+
+impl Mistake {
+    /// The same mistake, seen from `steps` above.
+    fn under(mut self, steps: &[Step]) -> Mistake {
+        self.at.splice(0..0, steps.iter().copied());
+        self
+    }
+}
+
+impl From<String> for Mistake {
+    fn from(message: String) -> Mistake {
+        Mistake { message, at: Vec::new() }
+    }
+}
+
+/// The line and column (from 1) of the node `steps` lead to in `text`, or of the deepest node
+/// on the way when they lead nowhere (a missing key: its map). Read again only when a file is
+/// refused: serde_yaml_ng gives no places in a `Value`, but its errors carry the mark of the
+/// node being read, so the walk fails on purpose at the node.
+fn locate(text: &str, steps: &[Step]) -> Option<(usize, usize)> {
+    let walked = Walk(steps).deserialize(serde_yaml_ng::Deserializer::from_str(text));
+    let location = walked.err()?.location()?;
+    Some((location.line(), location.column()))
+}
+
+/// Fails at the node its steps lead to (every visit it does not override fails).
+struct Walk<'s>(&'s [Step]);
+
+fn here<E: serde::de::Error>() -> E {
+    E::custom("here")
+}
+
+impl<'de> DeserializeSeed<'de> for Walk<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Walk<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the node")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let Some((&Step::Index(want), rest)) = self.0.split_first() else { return Err(here()) };
+        for _ in 0..want {
+            if seq.next_element::<IgnoredAny>()?.is_none() {
+                return Err(here());
+            }
+        }
+        seq.next_element_seed(Walk(rest))?.ok_or_else(here)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let Some((&step, rest)) = self.0.split_first() else { return Err(here()) };
+        for i in 0.. {
+            let found = match step {
+                Step::Field(name) => map.next_key_seed(KeyIs(name))?,
+                Step::KeyOf(n) if n == i => map.next_key_seed(Walk(&[]))?.map(|()| false),
+                Step::ValueOf(n) if n == i => map.next_key::<IgnoredAny>()?.map(|_| true),
+                _ => map.next_key::<IgnoredAny>()?.map(|_| false),
+            };
+            match found {
+                None => break,
+                Some(true) => return map.next_value_seed(Walk(rest)),
+                Some(false) => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Err(here())
+    }
+}
+
+/// Whether a map's key is this text.
+struct KeyIs(&'static str);
+
+impl<'de> DeserializeSeed<'de> for KeyIs {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyIs {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<bool, E> {
+        Ok(v == self.0)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_i128<E>(self, _: i128) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_u128<E>(self, _: u128) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_unit<E>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_none<E>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(false)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(false)
+    }
 }
 
 // -------------------------------------------------------------------------------------------
@@ -309,12 +485,33 @@ fn text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
 /// A boolean as yaml.v2 (YAML 1.1) reads one: `true`, `yes`, `on`, `y` and their opposites;
 /// empty or null is false.
 fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-    let Some(word) = text(d)? else { return Ok(false) };
-    match word.as_str() {
-        "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "true" | "True" | "TRUE" => Ok(true),
-        "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "false" | "False" | "FALSE" => Ok(false),
-        _ => Err(serde::de::Error::custom(format!("{word:?} is not a boolean"))),
+    // Refused while the word is read, so that the parser's error has the word's line.
+    struct Flag;
+    impl<'de> Visitor<'de> for Flag {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a boolean")
+        }
+        fn visit_none<E>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_unit<E>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_str(Flag)
+        }
+        fn visit_str<E: serde::de::Error>(self, word: &str) -> Result<bool, E> {
+            match word {
+                "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "true" | "True" | "TRUE" => Ok(true),
+                "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "false" | "False" | "FALSE" => {
+                    Ok(false)
+                }
+                _ => Err(E::custom(format!("{word:?} is not a boolean"))),
+            }
+        }
     }
+    d.deserialize_option(Flag)
 }
 
 /// `replaces: [{name: ...}]`.
@@ -468,19 +665,20 @@ fn check_keys(
     place: Place,
     at: &str,
     warnings: &mut Vec<String>,
-) -> Result<(), String> {
-    for (k, v) in map {
+) -> Result<(), Mistake> {
+    for (i, (k, v)) in map.iter().enumerate() {
+        let refuse = |message: String| Err(Mistake { message, at: vec![Step::KeyOf(i)] });
         let Some(key) = k.as_str() else {
-            return Err(format!("config error, key is not of type string: {} (at {at})", scalar_text(k)));
+            return refuse(format!("config error, key is not of type string: {} (at {at})", scalar_text(k)));
         };
         let here = if at.is_empty() { key.to_owned() } else { format!("{at}.{key}") };
         let upstream = UPSTREAM_KEYS.contains(&key);
         if !upstream && !TOLLGATE_KEYS.contains(&key) {
-            return Err(format!("config error, unknown key '{key}' (at {here})"));
+            return refuse(format!("config error, unknown key '{key}' (at {here})"));
         }
         if place != Place::Elsewhere && !place.keys().contains(&key) {
             if !upstream {
-                return Err(format!("config error, '{key}' does not belong here (at {here})"));
+                return refuse(format!("config error, '{key}' does not belong here (at {here})"));
             }
             warnings
                 .push(format!("{here}: '{key}' means nothing here and is ignored, as upstream ignores it"));
@@ -490,22 +688,24 @@ fn check_keys(
             continue;
         }
         let inner = if place == Place::Elsewhere { Place::Elsewhere } else { Place::under(key) };
-        check_value(v, inner, &here, warnings)?;
+        check_value(v, inner, &here, warnings).map_err(|m| m.under(&[Step::ValueOf(i)]))?;
     }
     Ok(())
 }
 
-fn check_value(v: &Value, place: Place, at: &str, warnings: &mut Vec<String>) -> Result<(), String> {
+fn check_value(v: &Value, place: Place, at: &str, warnings: &mut Vec<String>) -> Result<(), Mistake> {
     match v {
         Value::Sequence(items) => {
             for (i, item) in items.iter().enumerate() {
                 let Value::Mapping(map) = item else {
-                    return Err(format!(
+                    return Err(Mistake::from(format!(
                         "config error, yaml file contains list of type other than map: {} (at {at}[{i}])",
                         scalar_text(item)
-                    ));
+                    ))
+                    .under(&[Step::Index(i)]));
                 };
-                check_keys(map, place, &format!("{at}[{i}]"), warnings)?;
+                check_keys(map, place, &format!("{at}[{i}]"), warnings)
+                    .map_err(|m| m.under(&[Step::Index(i)]))?;
             }
             Ok(())
         }
@@ -519,7 +719,7 @@ fn check_value(v: &Value, place: Place, at: &str, warnings: &mut Vec<String>) ->
         Value::String(_) | Value::Bool(_) | Value::Null => Ok(()),
         Value::Number(n) if n.is_i64() => Ok(()),
         Value::Number(_) => {
-            Err(format!("error checking config: {} is not an integer (at {at})", scalar_text(v)))
+            Err(format!("error checking config: {} is not an integer (at {at})", scalar_text(v)).into())
         }
         Value::Tagged(tagged) => check_value(&tagged.value, place, at, warnings),
     }
@@ -603,19 +803,22 @@ fn proto_value(v: &Value, depth: usize) -> Result<ProtoValue, String> {
 
 /// A `rate_limit` as upstream's loader checks it (its messages), then as Tollgate decides it:
 /// unlimited, a block (0 requests), or a rule.
-fn limit(spec: &RateLimitSpec) -> Result<Limit, String> {
-    let unit = unit(spec)?;
+fn limit(spec: &RateLimitSpec) -> Result<Limit, Mistake> {
+    let unit = unit(spec).map_err(|m| Mistake::from(m).under(&[Step::Field("unit")]))?;
     let replaces = replaces(spec)?;
     let name = spec.name.clone().filter(|n| !n.is_empty());
     let requests_per_unit = spec.requests_per_unit.unwrap_or(0);
     let Some(unit) = unit else {
         if spec.algorithm.is_some() || spec.unit_multiplier.is_some() || spec.burst.is_some() {
-            return Err("an unlimited limit takes no algorithm, unit_multiplier nor burst".into());
+            return Err(
+                String::from("an unlimited limit takes no algorithm, unit_multiplier nor burst").into()
+            );
         }
         let kind = LimitKind::Unlimited;
         return Ok(Limit { name, kind, requests_per_unit, unit: None, window_secs: 0, replaces });
     };
-    let period = window(unit, spec.unit_multiplier)?;
+    let period = window(unit, spec.unit_multiplier)
+        .map_err(|m| Mistake::from(m).under(&[Step::Field("unit_multiplier")]))?;
     let kind = match requests_per_unit {
         0 => LimitKind::Block,
         n => LimitKind::Rule(rule(spec, u64::from(n), period, name.as_ref())?),
@@ -638,15 +841,17 @@ fn unit(spec: &RateLimitSpec) -> Result<Option<Unit>, String> {
 }
 
 /// The names the limit replaces: none empty, nor its own.
-fn replaces(spec: &RateLimitSpec) -> Result<Vec<String>, String> {
+fn replaces(spec: &RateLimitSpec) -> Result<Vec<String>, Mistake> {
     let replaces: Vec<String> =
         spec.replaces.iter().flatten().map(|r| r.name.clone().unwrap_or_default()).collect();
-    for r in &replaces {
+    for (i, r) in replaces.iter().enumerate() {
+        let refuse =
+            |m: &str| Err(Mistake::from(m.to_owned()).under(&[Step::Field("replaces"), Step::Index(i)]));
         if r.is_empty() {
-            return Err("should not have an empty replaces entry".into());
+            return refuse("should not have an empty replaces entry");
         }
         if Some(r) == spec.name.as_ref() {
-            return Err("replaces should not contain name of same descriptor".into());
+            return refuse("replaces should not contain name of same descriptor");
         }
     }
     Ok(replaces)
@@ -684,15 +889,18 @@ fn rule(spec: &RateLimitSpec, n: u64, period: Period, name: Option<&String>) -> 
 
 /// One descriptor as written, validated, under `path` (upstream's dotted key path, such as
 /// `edge.path_/api*.`).
-fn node(path: &str, spec: &DescriptorSpec, joined: &str, depth: usize) -> Result<Node, String> {
+fn node(path: &str, spec: &DescriptorSpec, joined: &str, depth: usize) -> Result<Node, Mistake> {
     let at = |m: String| format!("{m} (at '{path}{joined}')");
+    // The same mistake, its message naming the descriptor, its place `steps` within it.
+    let within = |steps: &[Step], m: Mistake| Mistake { message: at(m.message), at: m.at }.under(steps);
     if depth > MAX_DEPTH {
-        return Err(at(format!("descriptors nest deeper than {MAX_DEPTH} levels")));
+        return Err(at(format!("descriptors nest deeper than {MAX_DEPTH} levels")).into());
     }
     if spec.share_threshold && !joined.contains('*') {
-        return Err(at(format!(
+        return Err(Mistake::from(at(format!(
             "share_threshold can only be used with wildcard values (containing '*'), but found key '{joined}'"
-        )));
+        )))
+        .under(&[Step::Field("share_threshold")]));
     }
     let mut out = Node {
         key: spec.key.clone().unwrap_or_default(),
@@ -702,17 +910,29 @@ fn node(path: &str, spec: &DescriptorSpec, joined: &str, depth: usize) -> Result
         detailed_metric: spec.detailed_metric,
         value_to_metric: spec.value_to_metric,
         share_threshold: spec.share_threshold,
-        metadata: spec.metadata.as_ref().map(metadata).transpose().map_err(at)?.flatten(),
+        metadata: spec
+            .metadata
+            .as_ref()
+            .map(metadata)
+            .transpose()
+            .map_err(|m| within(&[Step::Field("metadata")], m.into()))?
+            .flatten(),
         ..Node::default()
     };
     let list = spec.rate_limits.as_deref().unwrap_or_default();
     if spec.rate_limit.is_some() && !list.is_empty() {
-        return Err(at("give rate_limit or rate_limits, not both".into()));
+        let both = "give rate_limit or rate_limits, not both".to_owned();
+        return Err(within(&[Step::Field("rate_limits")], both.into()));
     }
-    for l in spec.rate_limit.iter().chain(list) {
-        let built = limit(l).map_err(at)?;
+    for (i, l) in spec.rate_limit.iter().chain(list).enumerate() {
+        let place = if spec.rate_limit.is_some() {
+            [Step::Field("rate_limit")].as_slice()
+        } else {
+            &[Step::Field("rate_limits"), Step::Index(i)]
+        };
+        let built = limit(l).map_err(|m| within(place, m))?;
         if built.kind == LimitKind::Unlimited && spec.rate_limit.is_none() {
-            return Err(at("rate_limits takes limits, not unlimited".into()));
+            return Err(within(place, "rate_limits takes limits, not unlimited".to_owned().into()));
         }
         out.limits.push(built);
     }
@@ -726,28 +946,36 @@ fn node(path: &str, spec: &DescriptorSpec, joined: &str, depth: usize) -> Result
         })
         .collect();
     if rules.len() > 1 {
-        RuleSet::new(rules).map_err(|e| at(format!("rate_limits: {e}")))?;
+        RuleSet::new(rules)
+            .map_err(|e| within(&[Step::Field("rate_limits")], format!("rate_limits: {e}").into()))?;
     }
     let inner = format!("{path}{joined}.");
     add_children(&mut out, &inner, spec.descriptors.as_deref().unwrap_or_default(), depth + 1)?;
     Ok(out)
 }
 
-/// Adds `specs` under `into` (a domain's root when files of one domain are merged).
-fn add_children(into: &mut Node, path: &str, specs: &[DescriptorSpec], depth: usize) -> Result<(), String> {
-    for spec in specs {
+/// Adds `specs` (a `descriptors` list) under `into` (a domain's root when files of one domain
+/// are merged); a mistake's steps start at the `descriptors` key.
+fn add_children(into: &mut Node, path: &str, specs: &[DescriptorSpec], depth: usize) -> Result<(), Mistake> {
+    for (i, spec) in specs.iter().enumerate() {
+        let item = [Step::Field("descriptors"), Step::Index(i)];
         let key = spec.key.as_deref().unwrap_or_default();
         if key.is_empty() {
-            return Err(format!("descriptor has empty key (under '{path}')"));
+            let place = if spec.key.is_some() { &[Step::Field("key")][..] } else { &[] };
+            return Err(Mistake::from(format!("descriptor has empty key (under '{path}')"))
+                .under(place)
+                .under(&item));
         }
         let joined = match spec.value.as_deref() {
             Some(v) if !v.is_empty() => format!("{key}_{v}"),
             _ => key.to_owned(),
         };
         if into.children.contains_key(&joined) {
-            return Err(format!("duplicate descriptor composite key '{path}{joined}'"));
+            return Err(
+                Mistake::from(format!("duplicate descriptor composite key '{path}{joined}'")).under(&item)
+            );
         }
-        let built = node(path, spec, &joined, depth)?;
+        let built = node(path, spec, &joined, depth).map_err(|m| m.under(&item))?;
         if joined.contains('*') {
             let parts = joined.split('*').map(str::to_owned).collect();
             into.wildcards.push(Wildcard { joined: joined.clone(), parts });
@@ -757,29 +985,70 @@ fn add_children(into: &mut Node, path: &str, specs: &[DescriptorSpec], depth: us
     Ok(())
 }
 
-/// Reads one file as upstream does: its keys checked, then its fields; `origin` names it in
-/// errors. Answers the domain's name and descriptors, and warnings.
-fn read(text: &str, origin: &str) -> Result<(String, Vec<DescriptorSpec>, Vec<String>), EnvoyConfigError> {
-    let err = |message: String| EnvoyConfigError { origin: origin.to_owned(), message };
-    let loading = |e: serde_yaml_ng::Error| err(format!("error loading config file: {e}"));
+/// A file being read: its refusals name it and, when `numbered`, the line of the mistake.
+struct Source<'a> {
+    text: &'a str,
+    origin: &'a str,
+    /// Whether the file's lines mean something to its author (not so for the YAML Tollgate
+    /// writes of an xDS resource).
+    numbered: bool,
+}
+
+impl Source<'_> {
+    /// The refusal of the file for `mistake`, at its node's line and column.
+    fn refuse(&self, mistake: Mistake) -> EnvoyConfigError {
+        let place = if self.numbered { locate(self.text, &mistake.at) } else { None };
+        EnvoyConfigError {
+            origin: self.origin.to_owned(),
+            line: place.map(|(line, _)| line),
+            column: place.map(|(_, column)| column),
+            message: mistake.message,
+        }
+    }
+
+    /// The refusal for the YAML parser's error, at its line and column when it gives them.
+    fn loading(&self, e: &serde_yaml_ng::Error) -> EnvoyConfigError {
+        let mut message = format!("error loading config file: {e}");
+        let place = e.location().filter(|_| self.numbered).map(|l| (l.line(), l.column()));
+        if let Some((line, column)) = place {
+            // Said once, in front.
+            let said = format!(" at line {line} column {column}");
+            if message.ends_with(&said) {
+                message.truncate(message.len() - said.len());
+            }
+        }
+        EnvoyConfigError {
+            origin: self.origin.to_owned(),
+            line: place.map(|(line, _)| line),
+            column: place.map(|(_, column)| column),
+            message,
+        }
+    }
+}
+
+/// Reads one file as upstream does: its keys checked, then its fields. Answers the domain's
+/// name and descriptors, and warnings.
+fn read(source: &Source<'_>) -> Result<(String, Vec<DescriptorSpec>, Vec<String>), EnvoyConfigError> {
+    let (text, origin) = (source.text, source.origin);
+    let loading = |e: serde_yaml_ng::Error| source.loading(&e);
     let mut warnings = Vec::new();
     let spec: DomainSpec = match serde_yaml_ng::from_str::<Value>(text).map_err(loading)? {
         Value::Mapping(map) => {
-            check_keys(&map, Place::Root, "", &mut warnings).map_err(err)?;
+            check_keys(&map, Place::Root, "", &mut warnings).map_err(|m| source.refuse(m))?;
             serde_yaml_ng::from_str(text).map_err(loading)?
         }
         // An empty file (or one of comments) has no domain.
         Value::Null => DomainSpec { domain: None, descriptors: None },
         other => {
-            return Err(err(format!(
-                "error loading config file: the file holds {}, not a map",
-                scalar_text(&other)
-            )));
+            let holds =
+                format!("error loading config file: the file holds {}, not a map", scalar_text(&other));
+            return Err(source.refuse(holds.into()));
         }
     };
     let name = spec.domain.unwrap_or_default();
     if name.is_empty() {
-        return Err(err("config file cannot have empty domain".into()));
+        let empty = Mistake::from("config file cannot have empty domain".to_owned());
+        return Err(source.refuse(empty.under(&[Step::Field("domain")])));
     }
     let warnings = warnings.into_iter().map(|w| format!("{origin}: {w}")).collect();
     Ok((name, spec.descriptors.unwrap_or_default(), warnings))
@@ -807,12 +1076,33 @@ impl Config {
     /// Adds one file's domain. A domain already read is refused, or with `merge` (upstream's
     /// `MERGE_DOMAIN_CONFIG`) gets this file's descriptors too (a descriptor defined by both is
     /// refused).
+    ///
+    /// A refusal names `origin`, the line and column of the mistake's node in `text`, and the
+    /// reason.
     pub fn add_file(&mut self, text: &str, origin: &str, merge: bool) -> Result<(), EnvoyConfigError> {
-        let (name, descriptors, warnings) = read(text, origin)?;
-        let err = |message: String| EnvoyConfigError { origin: origin.to_owned(), message };
+        self.add(&Source { text, origin, numbered: true }, merge)
+    }
+
+    /// [`Config::add_file`] for YAML Tollgate wrote itself (an xDS resource's): its refusals
+    /// name no line.
+    pub(crate) fn add_written(
+        &mut self,
+        text: &str,
+        origin: &str,
+        merge: bool,
+    ) -> Result<(), EnvoyConfigError> {
+        self.add(&Source { text, origin, numbered: false }, merge)
+    }
+
+    fn add(&mut self, source: &Source<'_>, merge: bool) -> Result<(), EnvoyConfigError> {
+        let (name, descriptors, warnings) = read(source)?;
+        let err = |m: Mistake| source.refuse(m);
         let path = format!("{name}.");
         match self.domains.iter_mut().find(|d| d.name == name) {
-            Some(_) if !merge => return Err(err(format!("duplicate domain '{name}' in config file"))),
+            Some(_) if !merge => {
+                let twice = Mistake::from(format!("duplicate domain '{name}' in config file"));
+                return Err(err(twice.under(&[Step::Field("domain")])));
+            }
             Some(domain) => add_children(&mut domain.root, &path, &descriptors, 1).map_err(err)?,
             None => {
                 let mut root = Node::default();
@@ -1119,17 +1409,108 @@ descriptors:
         let e = bad(
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
         );
-        assert!(e.starts_with("b.yaml: invalid rate limit unit 'fortnight'"), "{e}");
+        assert!(e.starts_with("b.yaml:4: invalid rate limit unit 'fortnight' (at 'd.k')"), "{e}");
         assert!(
             bad("domain: d\ndescriptors:\n  - key: k\n    colour: red\n").contains("unknown key 'colour'")
         );
         let e = bad(
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
         );
-        assert!(e.contains("line 4"), "the parser's line: {e}");
+        assert!(e.starts_with("b.yaml:4:"), "the parser's line: {e}");
+        assert!(!e.contains("line 4"), "said once: {e}");
         assert!(bad("domain: ''\n").contains("config file cannot have empty domain"));
         assert!(bad("").contains("config file cannot have empty domain"));
         assert!(bad("# nothing but a comment\n").contains("config file cannot have empty domain"));
         assert!(bad("- a\n").contains("not a map"));
+    }
+
+    /// The line of the mistake in `yaml`, with its message.
+    fn refused_at(yaml: &str) -> (usize, String) {
+        let e = Domain::from_yaml(yaml, "limits.yaml").unwrap_err();
+        let message = e.to_string();
+        let line = e.line.unwrap_or_else(|| panic!("no line: {message}"));
+        assert!(e.column.is_some(), "{message}");
+        let prefix = format!("limits.yaml:{line}: ");
+        assert!(message.starts_with(&prefix), "{message}");
+        (line, message)
+    }
+
+    #[test]
+    fn refusals_name_the_line_of_the_mistake() {
+        let head = "domain: edge\ndescriptors:\n  - key: path\n    value: /login\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n";
+        for (tail, line, reason) in [
+            // An unknown unit, in a nested descriptor: the unit's own line.
+            (
+                "  - key: a\n    descriptors:\n      - key: b\n        rate_limit:\n          requests_per_unit: 1\n          unit: UNKNOWN\n",
+                13,
+                "invalid rate limit unit 'UNKNOWN' (at 'edge.a.b')",
+            ),
+            // No unit at all: the rate_limit's map.
+            ("  - key: a\n    rate_limit: {requests_per_unit: 1}\n", 9, "invalid rate limit unit ''"),
+            // A replaces entry without a name, or naming its own limit: the entry.
+            (
+                "  - key: a\n    rate_limit:\n      unit: hour\n      requests_per_unit: 1\n      replaces:\n        - name: x\n        - name: ''\n",
+                14,
+                "should not have an empty replaces entry",
+            ),
+            (
+                "  - key: a\n    rate_limit:\n      name: me\n      unit: hour\n      requests_per_unit: 1\n      replaces: [{name: me}]\n",
+                13,
+                "replaces should not contain name of same descriptor",
+            ),
+            // The second descriptor of the same key and value.
+            (
+                "  - key: other\n  - key: path\n    value: /login\n",
+                9,
+                "duplicate descriptor composite key 'edge.path_/login'",
+            ),
+            // An empty key, or none.
+            ("  - key: x\n  - value: v\n    key: ''\n", 10, "descriptor has empty key (under 'edge.')"),
+            ("  - value: v\n", 8, "descriptor has empty key"),
+            // The parser's own refusals: a negative count, a word where a flag goes.
+            (
+                "  - key: a\n    rate_limit:\n      unit: day\n      requests_per_unit: -1\n",
+                11,
+                "invalid type: integer `-1`, expected u32",
+            ),
+            ("  - key: a\n    shadow_mode: maybe\n", 9, "\"maybe\" is not a boolean"),
+            // Upstream's key and type checks: the key, or the value.
+            ("  - key: a\n    rate_limit: {unit: day}\n    colour: red\n", 10, "unknown key 'colour'"),
+            ("  - key: a\n    burst: 3\n", 9, "'burst' does not belong here"),
+            ("  - key: a\n    7: seven\n", 9, "key is not of type string"),
+            ("  - just a word\n", 8, "list of type other than map"),
+            ("  - key: a\n    rate_limit: {unit: day, requests_per_unit: 1.5}\n", 9, "is not an integer"),
+            // The rest of the checks.
+            ("  - key: a\n    share_threshold: true\n", 9, "share_threshold can only be used with wildcard"),
+            (
+                "  - key: a\n    rate_limit:\n      unit: day\n      requests_per_unit: 1\n      unit_multiplier: 400\n",
+                12,
+                "at most a year",
+            ),
+            (
+                "  - key: a\n    rate_limits:\n      - {unit: day, requests_per_unit: 1}\n      - {unlimited: true}\n",
+                11,
+                "not unlimited",
+            ),
+            ("  - key: a\n    metadata: [1]\n", 9, "is not a map"),
+        ] {
+            let (at, message) = refused_at(&format!("{head}{tail}"));
+            assert!(message.contains(reason), "{message} lacks {reason}");
+            assert_eq!(at, line, "{message}\n{head}{tail}");
+        }
+    }
+
+    #[test]
+    fn refusals_of_the_whole_file_name_its_domain_line() {
+        let (line, e) = refused_at("# limits\n\ndomain: ''\ndescriptors: []\n");
+        assert_eq!(line, 3, "{e}");
+        let mut config = Config::default();
+        config.add_file("domain: edge\ndescriptors:\n  - key: path\n", "a.yaml", false).unwrap();
+        let e = config.add_file("# again\ndomain: edge\n", "b.yaml", false).unwrap_err().to_string();
+        assert!(e.starts_with("b.yaml:2: duplicate domain 'edge'"), "{e}");
+        // Merged, a descriptor the first file defined: the second file's line.
+        let e = config.add_file("domain: edge\ndescriptors:\n  - key: k\n  - key: path\n", "b.yaml", true);
+        let e = e.unwrap_err().to_string();
+        assert!(e.starts_with("b.yaml:4: duplicate descriptor composite key 'edge.path'"), "{e}");
     }
 }

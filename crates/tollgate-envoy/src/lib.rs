@@ -47,7 +47,7 @@ pub fn load(path: &Path, merge_domains: bool) -> Result<Config, EnvoyConfigError
 }
 
 fn read_error(path: &Path, e: &std::io::Error) -> EnvoyConfigError {
-    EnvoyConfigError { origin: path.display().to_string(), message: format!("cannot read: {e}") }
+    EnvoyConfigError::new(path.display().to_string(), format!("cannot read: {e}"))
 }
 
 /// The files under `dir`, recursively.

@@ -133,29 +133,26 @@ pub mod proto {
 /// error names the resource (its name, else its place) and the reason.
 pub fn config_from_resources(resources: &[Any], merge_domains: bool) -> Result<Config, EnvoyConfigError> {
     if resources.len() > MAX_RESOURCES {
-        return Err(EnvoyConfigError {
-            origin: "xDS response".into(),
-            message: format!("{} resources, more than {MAX_RESOURCES}", resources.len()),
-        });
+        return Err(EnvoyConfigError::new(
+            "xDS response",
+            format!("{} resources, more than {MAX_RESOURCES}", resources.len()),
+        ));
     }
     let mut config = Config::default();
     for (i, resource) in resources.iter().enumerate() {
         let unnamed = || format!("xDS resource #{i}");
         if resource.type_url != TYPE_URL {
-            return Err(EnvoyConfigError {
-                origin: unnamed(),
-                message: format!("type {:?}, not {TYPE_URL}", resource.type_url),
-            });
+            return Err(EnvoyConfigError::new(
+                unnamed(),
+                format!("type {:?}, not {TYPE_URL}", resource.type_url),
+            ));
         }
-        let rlc = proto::RateLimitConfig::decode(resource.value.as_slice()).map_err(|e| {
-            EnvoyConfigError { origin: unnamed(), message: format!("cannot decode a RateLimitConfig: {e}") }
-        })?;
+        let rlc = proto::RateLimitConfig::decode(resource.value.as_slice())
+            .map_err(|e| EnvoyConfigError::new(unnamed(), format!("cannot decode a RateLimitConfig: {e}")))?;
         let origin = if rlc.name.is_empty() { unnamed() } else { format!("xDS resource '{}'", rlc.name) };
-        let yaml = serde_yaml_ng::to_string(&yaml_of(&rlc)).map_err(|e| EnvoyConfigError {
-            origin: origin.clone(),
-            message: format!("cannot write as YAML: {e}"),
-        })?;
-        config.add_file(&yaml, &origin, merge_domains)?;
+        let yaml = serde_yaml_ng::to_string(&yaml_of(&rlc))
+            .map_err(|e| EnvoyConfigError::new(origin.clone(), format!("cannot write as YAML: {e}")))?;
+        config.add_written(&yaml, &origin, merge_domains)?;
     }
     Ok(config)
 }
@@ -480,10 +477,10 @@ impl<F: Fn(Outcome<'_>) + Send + Sync + 'static> Run<F> {
     fn handle(&mut self, response: &DiscoveryResponse) -> DiscoveryRequest {
         let version = response.version_info.as_str();
         let result = if response.type_url != TYPE_URL {
-            Err(EnvoyConfigError {
-                origin: "xDS response".into(),
-                message: format!("type {:?}, not {TYPE_URL}", response.type_url),
-            })
+            Err(EnvoyConfigError::new(
+                "xDS response",
+                format!("type {:?}, not {TYPE_URL}", response.type_url),
+            ))
         } else {
             config_from_resources(&response.resources, self.settings.merge_domains)
         };

@@ -1,7 +1,8 @@
 //! A corpus of envoyproxy/ratelimit-style files (`tests/corpus/*.yaml`, written for Tollgate
 //! from upstream's documented behaviour) with the node each request descriptor reaches
 //! (`*.cases`: `key=value,... -> expectation` per line), the files upstream refuses (`*.error`:
-//! each line a part of the message), and the warnings a file gives (`*.warning`).
+//! each line a part of the message, which starts with the file's name and the mistake's line),
+//! and the warnings a file gives (`*.warning`).
 //!
 //! Expectations: `none` (no descriptor matches), `no-limit-node` (a match without a limit),
 //! `unlimited`, or the limits as `N/unit` (`blocked/unit` for a limit of 0; several for
@@ -69,8 +70,10 @@ fn the_corpus_is_read_as_upstream_reads_it() {
                     let message = e.to_string();
                     let missing: Vec<String> =
                         lines(&error).into_iter().filter(|part| !message.contains(part.as_str())).collect();
-                    if !message.starts_with(&format!("{name}: ")) || !missing.is_empty() {
-                        failures.push(format!("{name}: {message:?} lacks the file name or {missing:?}"));
+                    let line = e.line.map_or("no line".into(), |l| format!("{name}:{l}: "));
+                    if !message.starts_with(&line) || !missing.is_empty() {
+                        failures
+                            .push(format!("{name}: {message:?} lacks the file name and line or {missing:?}"));
                     }
                     refused += 1;
                 }

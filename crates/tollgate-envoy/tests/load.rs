@@ -58,7 +58,7 @@ fn one_domain_in_two_files_is_refused_unless_merged() {
     write(dir.path(), "one.yaml", &limit("shared", "k1", 10));
     write(dir.path(), "two.yaml", &limit("shared", "k2", 20));
     let e = load(dir.path(), false).unwrap_err().to_string();
-    assert!(e.contains("two.yaml: duplicate domain 'shared' in config file"), "{e}");
+    assert!(e.contains("two.yaml:1: duplicate domain 'shared' in config file"), "{e}");
 
     let config = load(dir.path(), true).unwrap();
     assert_eq!(names(&config), ["shared"]);
@@ -71,7 +71,7 @@ fn one_domain_in_two_files_is_refused_unless_merged() {
     // Merged, a descriptor defined by both files is a duplicate.
     write(dir.path(), "three.yaml", &limit("shared", "k1", 30));
     let e = load(dir.path(), true).unwrap_err().to_string();
-    assert!(e.contains("three.yaml: duplicate descriptor composite key 'shared.k1'"), "{e}");
+    assert!(e.contains("three.yaml:3: duplicate descriptor composite key 'shared.k1'"), "{e}");
 }
 
 #[test]
