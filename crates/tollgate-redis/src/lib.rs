@@ -505,10 +505,11 @@ impl Backend for RedisBackend {
         Ok(decision)
     }
 
-    /// One script call for the whole batch (a batch of one part: as a lone operation). On Redis Cluster a call may hold one slot's keys
-    /// only, and the keys of different parts share no hash tag: there each group is split by
-    /// key, one call per key, so a group is all or nothing within each key, and across keys the
-    /// calls are made one after another (as envoyproxy/ratelimit charges every descriptor).
+    /// One script call for the whole batch (a batch of one part: as a lone operation). On
+    /// Redis Cluster a call may hold one slot's keys only, and the keys of different parts
+    /// share no hash tag: there each group is split by key, one call per key, so a group is all
+    /// or nothing within each key, and across keys the calls are made one after another (as
+    /// envoyproxy/ratelimit charges every descriptor).
     async fn check_planned(&self, batch: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
         let parts = batch.parts();
         if let [part] = parts {
