@@ -37,7 +37,9 @@ use tollgate_http::ResetHeader;
 use tollgate_limiter::{LimiterSettings, Policy, SixPeriods};
 
 pub use redis_url::{NotARedisUrl, RedisTopology};
-pub use spec::{MAX_WAIT_LIMIT, OnLimitKind, PolicySpec, SpecError, rule_error_field, valid_policy_name};
+pub use spec::{
+    MAX_APPS, MAX_WAIT_LIMIT, OnLimitKind, PolicySpec, SpecError, rule_error_field, valid_policy_name,
+};
 pub use watch::{Watcher, watch, watch_path};
 
 /// The example configuration shipped at the repository's root, used when no file is given.

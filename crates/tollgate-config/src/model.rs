@@ -187,6 +187,8 @@ impl Default for BackendSection {
     }
 }
 
+/// A [`PolicySpec`] with the line of each field that validation can fault; without `apps`
+/// and `enabled`, which are the database's (see [`crate::spec`]).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PolicySection {
@@ -437,6 +439,8 @@ fn policy(name: &Spanned<String>, section: PolicySection) -> Result<Policy, Mist
         on_limit: section.on_limit,
         max_wait: section.max_wait.map(Spanned::into_inner),
         reserve: section.reserve.map(Spanned::into_inner).unwrap_or_default(),
+        apps: Vec::new(),
+        enabled: true,
     };
     spec.build(name.get_ref()).map_err(|e| {
         // The line of the field at fault: the name, one rule, max_wait, or the rule list.
@@ -511,6 +515,16 @@ mod tests {
         assert!(error("[sever]\n").to_string().contains("sever"));
         assert!(error("[backend]\ntimout = \"1s\"\n").to_string().contains("timout"));
         assert!(error("[policies.a]\nrules = []\nmod = \"shadow\"\n").to_string().contains("mod"));
+    }
+
+    #[test]
+    fn apps_and_enabled_are_the_databases() {
+        let rules = "rules = [{ algorithm = \"fixed_window\", limit = 1, period = \"1s\" }]\n";
+        for field in ["apps = [\"shop\"]", "enabled = false"] {
+            let e = error(&format!("[policies.a]\n{rules}{field}\n"));
+            assert_eq!(e.line(), Some(3), "{e}");
+            assert!(e.to_string().contains("unknown field"), "{e}");
+        }
     }
 
     #[test]

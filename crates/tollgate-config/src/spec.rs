@@ -1,5 +1,10 @@
 //! [`PolicySpec`]: a policy as written (in the file, or sent to the management API), and its
 //! validation into a [`Policy`], with the field at fault named.
+//!
+//! One spec serves both places. Two of its fields, `apps` and `enabled`, belong to policies in
+//! the database (the management API scopes and switches them); the file has no such fields
+//! (its policies are global and always applied), so its loader leaves them at their defaults
+//! and refuses them as unknown.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +14,9 @@ use tollgate_core::{Period, Rule, RuleError, RuleSet};
 use tollgate_limiter::{Mode, OnLimit, Policy, Reserve};
 
 use crate::MAX_POLICY_NAME_BYTES;
+
+/// Most apps one policy (or one management token) names.
+pub const MAX_APPS: usize = 64;
 
 /// Longest `max_wait` of a delaying policy: holding requests longer ties up connections.
 pub const MAX_WAIT_LIMIT: Duration = Duration::from_secs(60);
@@ -48,6 +56,18 @@ pub struct PolicySpec {
     /// blocks (see `tollgate_limiter::reserve`).
     #[serde(default, skip_serializing_if = "is_off")]
     pub reserve: Reserve,
+    /// The apps the policy belongs to (database policies): tokens limited to some apps see and
+    /// change only those policies. Empty: a global policy, changed only by unrestricted tokens.
+    #[serde(default)]
+    pub apps: Vec<String>,
+    /// Whether the policy is applied (database policies): a disabled one is kept, and checks
+    /// naming it get 404.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn is_off(reserve: &Reserve) -> bool {
@@ -101,7 +121,15 @@ impl PolicySpec {
             on_limit,
             max_wait,
             reserve: policy.reserve,
+            apps: Vec::new(),
+            enabled: true,
         }
+    }
+
+    /// Whether `apps` can scope a policy or a token: at most [`MAX_APPS`], each named as a
+    /// policy is.
+    pub fn valid_apps(apps: &[String]) -> bool {
+        apps.len() <= MAX_APPS && apps.iter().all(|app| valid_policy_name(app))
     }
 
     /// Validates the spec into the policy called `name`.
@@ -110,6 +138,14 @@ impl PolicySpec {
             return Err(err(
                 "name",
                 format!("a policy name is 1 to {MAX_POLICY_NAME_BYTES} letters, digits, '_', '-' or '.'"),
+            ));
+        }
+        if !PolicySpec::valid_apps(&self.apps) {
+            return Err(err(
+                "apps",
+                format!(
+                    "at most {MAX_APPS} apps, each 1 to {MAX_POLICY_NAME_BYTES} letters, digits, '_', '-' or '.'"
+                ),
             ));
         }
         let rules = RuleSet::new(self.rules.iter().cloned())

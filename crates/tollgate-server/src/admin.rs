@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tollgate_config::PolicySpec;
 use tollgate_store::{
-    ConsumerLimit, ConsumerLimitInput, DEFAULT_PAGE, MAX_PAGE, Page, PolicyInput, PolicyRecord, Role,
-    StoreError, TokenRecord,
+    ConsumerLimit, ConsumerLimitInput, DEFAULT_PAGE, MAX_PAGE, Page, PolicyRecord, Role, StoreError,
+    TokenRecord,
 };
 
 use crate::auth::{AsAdmin, AsEditor, AsViewer, store_problem};
@@ -132,7 +132,7 @@ pub async fn list_policies(
         .await
         .map_err(store_problem)?
         .into_iter()
-        .filter(|r| caller.token.may_see(&r.apps))
+        .filter(|r| caller.token.may_see(&r.spec.apps))
         .map(|record| PolicyView::Stored { record, source: "database" })
         .collect();
     let config = state.config();
@@ -160,7 +160,7 @@ pub async fn get_policy(
         return Ok(Json(view).into_response());
     }
     let record = caller.store.get_policy(&name).await.map_err(store_problem)?;
-    if !caller.token.may_see(&record.apps) {
+    if !caller.token.may_see(&record.spec.apps) {
         return Err(store_problem(StoreError::NotFound { kind: "policy", name }));
     }
     Ok(stored_response(StatusCode::OK, record))
@@ -177,7 +177,7 @@ pub async fn create_policy(
         Some(Value::String(name)) => name,
         _ => return Err(Problem::invalid("name", "a policy needs a name (a string)")),
     };
-    let input: PolicyInput = tollgate_http::extract::parse(&serde_json::to_vec(&body).unwrap_or_default())?;
+    let input: PolicySpec = tollgate_http::extract::parse(&serde_json::to_vec(&body).unwrap_or_default())?;
     if state.config().policies.get(&name).is_some() {
         return Err(Problem::conflict(format!("policy {name:?} is defined in the configuration file")));
     }
@@ -199,7 +199,7 @@ pub async fn update_policy(
     AsEditor(caller): AsEditor,
     Path(name): Path<String>,
     headers: HeaderMap,
-    ApiJson(input): ApiJson<PolicyInput>,
+    ApiJson(input): ApiJson<PolicySpec>,
 ) -> Result<Response, Problem> {
     let version = if_match(&headers)?;
     if state.config().policies.get(&name).is_some() {
@@ -427,7 +427,7 @@ pub async fn policy_live(
         Vec::new()
     } else {
         match signed.store.get_policy(&name).await {
-            Ok(record) if token.may_see(&record.apps) => record.apps,
+            Ok(record) if token.may_see(&record.spec.apps) => record.spec.apps,
             Ok(_) | Err(tollgate_store::StoreError::NotFound { .. }) => return Err(unknown()),
             Err(_) => {
                 return Err(Problem::database_unavailable("the policy database did not answer; try again"));

@@ -7,6 +7,7 @@
 //! range); those refusals are the documented 400s.
 
 use serde_json::{Map, Value, json};
+use tollgate_config::MAX_APPS;
 use tollgate_core::limits::{MAX_CONCURRENCY_LIMIT, MAX_KEY_BYTES, MAX_NAME_BYTES, MAX_RULES};
 use tollgate_store::MAX_CONSUMER_BYTES;
 
@@ -168,8 +169,8 @@ fn request_schemas() -> Vec<(&'static str, Value)> {
             ]}),
         ),
         ("EnvoyRequest", envoy_request()),
-        ("PolicyInput", policy_input(false)),
-        ("NewPolicy", policy_input(true)),
+        ("PolicySpec", policy_spec(false)),
+        ("NewPolicy", policy_spec(true)),
         (
             "NewToken",
             object(
@@ -178,7 +179,7 @@ fn request_schemas() -> Vec<(&'static str, Value)> {
                     ("role", json!({"type": "string", "enum": ["viewer", "editor", "admin"]})),
                     (
                         "apps",
-                        json!({"type": ["array", "null"], "items": app(), "minItems": 1, "maxItems": 64,
+                        json!({"type": ["array", "null"], "items": app(), "minItems": 1, "maxItems": MAX_APPS,
                 "description": "absent or null: every app"}),
                     ),
                 ],
@@ -245,8 +246,8 @@ fn envoy_request() -> Value {
     )
 }
 
-/// A policy as written to the management API; with its `name` on creation.
-fn policy_input(with_name: bool) -> Value {
+/// A policy as written to the management API (`PolicySpec`); with its `name` on creation.
+fn policy_spec(with_name: bool) -> Value {
     let mut properties = vec![
         ("description", json!({"type": ["string", "null"]})),
         (
@@ -274,7 +275,7 @@ fn policy_input(with_name: bool) -> Value {
         ),
         (
             "apps",
-            json!({"type": "array", "items": app(), "maxItems": 64, "description": "empty: a global policy"}),
+            json!({"type": "array", "items": app(), "maxItems": MAX_APPS, "description": "empty: a global policy"}),
         ),
         ("enabled", json!({"type": "boolean", "default": true})),
     ];
@@ -302,7 +303,7 @@ const BODIES: &[(&str, &str, &str)] = &[
     ("/v1/release", "post", "ReleaseRequest"),
     ("/v1/reset", "post", "ResetRequest"),
     ("/v1/admin/policies", "post", "NewPolicy"),
-    ("/v1/admin/policies/{name}", "put", "PolicyInput"),
+    ("/v1/admin/policies/{name}", "put", "PolicySpec"),
     ("/v1/admin/tokens", "post", "NewToken"),
     ("/v1/admin/consumers/{consumer}/limits", "post", "ConsumerLimitInput"),
     ("/v1/admin/consumers/{consumer}/limits/{id}", "put", "ConsumerLimitInput"),
@@ -526,7 +527,7 @@ mod tests {
         assert!(algorithms("Rule").contains(&"concurrency".to_owned()));
         let inline = &schemas["CheckRequest"]["oneOf"][1]["properties"]["limits"]["items"]["$ref"];
         assert_eq!(inline, "#/components/schemas/CheckRule");
-        for name in ["PolicyInput", "NewPolicy"] {
+        for name in ["PolicySpec", "NewPolicy"] {
             let both_ways = schemas[name]["allOf"].as_array().unwrap();
             assert_eq!(both_ways.len(), 2, "{name}");
             assert_eq!(both_ways[0]["then"]["properties"]["on_limit"]["enum"], json!(["delay"]));

@@ -117,7 +117,7 @@ async fn refused_scope(caller: &Caller, named: Option<&str>, state: &AppState) -
         return Err(forbidden());
     };
     match caller.store.get_policy(name).await {
-        Ok(record) if token.may_change(&record.apps) => Ok(()),
+        Ok(record) if token.may_change(&record.spec.apps) => Ok(()),
         Ok(_) | Err(tollgate_store::StoreError::NotFound { .. }) => Err(forbidden()),
         Err(e) => Err(store_problem(e)),
     }

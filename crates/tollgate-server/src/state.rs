@@ -96,7 +96,7 @@ impl AppState {
     pub async fn reload_stored(&self) -> Result<(), tollgate_store::StoreError> {
         let Some(store) = &self.store else { return Ok(()) };
         let mut policies = StoredPolicies::new();
-        for record in store.all_policies().await?.into_iter().filter(|r| r.enabled) {
+        for record in store.all_policies().await?.into_iter().filter(|r| r.spec.enabled) {
             match record.policy() {
                 Ok(policy) => {
                     policies.insert(record.name.clone(), Arc::new(policy));

@@ -18,7 +18,7 @@ use sqlx::{Any, AnyPool, Transaction};
 
 pub use audit::{Action, AuditEntry, AuditScope, ItemKind};
 pub use consumers::{ConsumerLimit, ConsumerLimitInput, MAX_CONSUMER_BYTES, aggregate, validate_consumer_id};
-pub use policies::{PolicyInput, PolicyRecord};
+pub use policies::PolicyRecord;
 pub use scope::Actor;
 pub use tokens::{Role, TokenRecord};
 

@@ -1,66 +1,24 @@
 //! Policies in the database: validated like the file's, versioned for optimistic concurrency,
 //! and scoped to the apps allowed to use them.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::Row;
 use sqlx::any::AnyRow;
-use tollgate_config::{OnLimitKind, PolicySpec};
-use tollgate_core::{Period, Rule};
-use tollgate_limiter::{Mode, Policy, Reserve};
+use tollgate_config::PolicySpec;
+use tollgate_limiter::Policy;
 
 use crate::audit::{Action, AuditScope, Change, ItemKind};
 use crate::scope::Actor;
 use crate::{Page, Store, StoreError, now_ms};
-
-/// Most apps one policy or token names.
-pub const MAX_APPS: usize = 64;
-
-/// A policy as the management API writes it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyInput {
-    /// What the policy is for.
-    #[serde(default)]
-    pub description: Option<String>,
-    /// The rules, checked together.
-    pub rules: Vec<Rule>,
-    /// `enforce` or `shadow`.
-    #[serde(default)]
-    pub mode: Mode,
-    /// `reject` or `delay`.
-    #[serde(default)]
-    pub on_limit: OnLimitKind,
-    /// With `delay`: the longest a request is held.
-    #[serde(default)]
-    pub max_wait: Option<Period>,
-    /// `"off"` (the default), `"auto"` or `{"max": N}`: hot keys answered from reserved blocks.
-    #[serde(default)]
-    pub reserve: Reserve,
-    /// The apps the policy belongs to; tokens limited to some apps see and change only those
-    /// policies. Empty: a global policy, changed only by unrestricted tokens.
-    #[serde(default)]
-    pub apps: Vec<String>,
-    /// A disabled policy is kept but not applied (checks naming it get 404).
-    #[serde(default = "yes")]
-    pub enabled: bool,
-}
-
-fn yes() -> bool {
-    true
-}
 
 /// A stored policy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PolicyRecord {
     /// Its name.
     pub name: String,
-    /// Rules, mode and strategy.
+    /// Rules, mode, strategy, apps and whether it is applied.
     #[serde(flatten)]
     pub spec: PolicySpec,
-    /// The apps it belongs to.
-    pub apps: Vec<String>,
-    /// Whether it is applied.
-    pub enabled: bool,
     /// Bumped by every update; give it back in `If-Match`.
     pub version: i64,
     /// The token name that created it.
@@ -73,45 +31,31 @@ pub struct PolicyRecord {
     pub updated_at: i64,
 }
 
-impl PolicyInput {
-    fn spec(&self) -> PolicySpec {
-        PolicySpec {
-            description: self.description.clone(),
-            rules: self.rules.clone(),
-            mode: self.mode,
-            on_limit: self.on_limit,
-            max_wait: self.max_wait,
-            reserve: self.reserve,
-        }
-    }
-
-    /// Validates the input as the policy `name`.
-    pub fn validate(&self, name: &str) -> Result<Policy, StoreError> {
-        if self.apps.len() > MAX_APPS || self.apps.iter().any(|a| !tollgate_config::valid_policy_name(a)) {
-            return Err(StoreError::Invalid {
-                field: "apps".into(),
-                message: format!("at most {MAX_APPS} apps, each 1 to 64 letters, digits, '_', '-' or '.'"),
-            });
-        }
-        self.spec().build(name).map_err(|e| StoreError::Invalid { field: e.field, message: e.message })
-    }
+/// Validates `spec` as the policy `name`.
+fn validate(spec: &PolicySpec, name: &str) -> Result<Policy, StoreError> {
+    spec.build(name).map_err(|e| StoreError::Invalid { field: e.field, message: e.message })
 }
 
 impl PolicyRecord {
     /// The policy to enforce.
     pub fn policy(&self) -> Result<Policy, StoreError> {
-        self.spec.build(&self.name).map_err(|e| StoreError::Invalid { field: e.field, message: e.message })
+        validate(&self.spec, &self.name)
     }
 
     fn from_row(r: &AnyRow) -> Result<PolicyRecord, StoreError> {
         let spec: String = r.try_get("spec")?;
         let apps: String = r.try_get("apps")?;
         let corrupt = |e: serde_json::Error| StoreError::Database(sqlx::Error::Decode(Box::new(e)));
-        Ok(PolicyRecord {
-            name: r.try_get("name")?,
-            spec: serde_json::from_str(&spec).map_err(corrupt)?,
+        // The apps and enabled columns are what queries and scope checks read: they win over
+        // the copies in the spec's JSON (rows written before the spec held them have none).
+        let spec = PolicySpec {
             apps: serde_json::from_str(&apps).map_err(corrupt)?,
             enabled: r.try_get::<i64, _>("enabled")? != 0,
+            ..serde_json::from_str(&spec).map_err(corrupt)?
+        };
+        Ok(PolicyRecord {
+            name: r.try_get("name")?,
+            spec,
             version: r.try_get("version")?,
             created_by: r.try_get("created_by")?,
             updated_by: r.try_get("updated_by")?,
@@ -159,22 +103,20 @@ impl Store {
         }
     }
 
-    /// Creates the policy `name` (version 1); refused with [`StoreError::OutOfScope`] when its
+    /// Creates the policy `name` (version 1) from `spec`; refused with [`StoreError::OutOfScope`] when its
     /// apps reach beyond the actor's.
     pub async fn create_policy(
         &self,
         actor: Actor<'_>,
         name: &str,
-        input: &PolicyInput,
+        spec: &PolicySpec,
     ) -> Result<PolicyRecord, StoreError> {
-        actor.check("policy", name, &input.apps)?;
-        input.validate(name)?;
+        actor.check("policy", name, &spec.apps)?;
+        validate(spec, name)?;
         let now = now_ms();
         let record = PolicyRecord {
             name: name.to_owned(),
-            spec: input.spec(),
-            apps: input.apps.clone(),
-            enabled: input.enabled,
+            spec: spec.clone(),
             version: 1,
             created_by: actor.name().to_owned(),
             updated_by: actor.name().to_owned(),
@@ -187,8 +129,8 @@ impl Store {
         ))
         .bind(&record.name)
         .bind(json(&record.spec))
-        .bind(json(&record.apps))
-        .bind(i64::from(record.enabled))
+        .bind(json(&record.spec.apps))
+        .bind(i64::from(record.spec.enabled))
         .bind(record.version)
         .bind(&record.created_by)
         .bind(&record.updated_by)
@@ -206,7 +148,7 @@ impl Store {
             subject: name,
             before: None,
             after: crate::audit::snapshot(&record),
-            scope: AuditScope { before: None, after: Some(record.apps.clone()) },
+            scope: AuditScope { before: None, after: Some(record.spec.apps.clone()) },
         };
         Store::commit_change(tx, change).await?;
         Ok(record)
@@ -221,17 +163,15 @@ impl Store {
         &self,
         actor: Actor<'_>,
         name: &str,
-        input: &PolicyInput,
+        spec: &PolicySpec,
         if_version: Option<i64>,
     ) -> Result<PolicyRecord, StoreError> {
         let mut tx = self.begin_change(actor).await?;
         let before = self.locked_policy(&mut tx, actor, name, if_version).await?;
-        actor.check("policy", name, &input.apps)?;
-        input.validate(name)?;
+        actor.check("policy", name, &spec.apps)?;
+        validate(spec, name)?;
         let record = PolicyRecord {
-            spec: input.spec(),
-            apps: input.apps.clone(),
-            enabled: input.enabled,
+            spec: spec.clone(),
             version: before.version + 1,
             updated_by: actor.name().to_owned(),
             updated_at: now_ms(),
@@ -242,8 +182,8 @@ impl Store {
              WHERE name = $7 AND version = $8",
         )
         .bind(json(&record.spec))
-        .bind(json(&record.apps))
-        .bind(i64::from(record.enabled))
+        .bind(json(&record.spec.apps))
+        .bind(i64::from(record.spec.enabled))
         .bind(record.version)
         .bind(&record.updated_by)
         .bind(record.updated_at)
@@ -258,7 +198,10 @@ impl Store {
             subject: name,
             before: crate::audit::snapshot(&before),
             after: crate::audit::snapshot(&record),
-            scope: AuditScope { before: Some(before.apps.clone()), after: Some(record.apps.clone()) },
+            scope: AuditScope {
+                before: Some(before.spec.apps.clone()),
+                after: Some(record.spec.apps.clone()),
+            },
         };
         Store::commit_change(tx, change).await?;
         Ok(record)
@@ -287,7 +230,7 @@ impl Store {
             subject: name,
             before: crate::audit::snapshot(&before),
             after: None,
-            scope: AuditScope { before: Some(before.apps.clone()), after: None },
+            scope: AuditScope { before: Some(before.spec.apps.clone()), after: None },
         };
         Store::commit_change(tx, change).await?;
         Ok(())
@@ -310,7 +253,7 @@ impl Store {
             Some(row) => PolicyRecord::from_row(&row)?,
             None => return Err(StoreError::NotFound { kind: "policy", name: name.to_owned() }),
         };
-        actor.check("policy", name, &before.apps)?;
+        actor.check("policy", name, &before.spec.apps)?;
         crate::expect_version(if_version, before.version)?;
         Ok(before)
     }

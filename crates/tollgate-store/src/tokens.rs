@@ -5,9 +5,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sqlx::Row;
 use sqlx::any::AnyRow;
+use tollgate_config::{MAX_APPS, PolicySpec};
 
 use crate::audit::{Action, AuditScope, Change, ItemKind};
-use crate::policies::MAX_APPS;
 use crate::scope::Actor;
 use crate::{Page, Store, StoreError, now_ms};
 
@@ -129,9 +129,7 @@ impl Store {
             });
         }
         if let Some(apps) = &apps
-            && (apps.is_empty()
-                || apps.len() > MAX_APPS
-                || apps.iter().any(|a| !tollgate_config::valid_policy_name(a)))
+            && (apps.is_empty() || !PolicySpec::valid_apps(apps))
         {
             return Err(StoreError::Invalid {
                 field: "apps".into(),

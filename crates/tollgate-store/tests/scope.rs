@@ -5,10 +5,11 @@
 mod common;
 
 use sqlx::Connection;
-use tollgate_store::{Actor, ConsumerLimitInput, MAX_PAGE, Page, PolicyInput, Role, Store, StoreError};
+use tollgate_config::PolicySpec;
+use tollgate_store::{Actor, ConsumerLimitInput, MAX_PAGE, Page, Role, Store, StoreError};
 use tollgate_testkit::PostgresServer;
 
-fn input(limit: u64, apps: &[&str]) -> PolicyInput {
+fn input(limit: u64, apps: &[&str]) -> PolicySpec {
     serde_json::from_value(serde_json::json!({
         "rules": [{"algorithm": "fixed_window", "limit": limit, "period": "1m"}],
         "apps": apps,
@@ -155,7 +156,7 @@ async fn a_concurrent_move_to_another_app_is_seen(url: &str, store: &Store) {
     tx.commit().await.unwrap();
     let result = waiting.await.unwrap();
     assert!(out_of_scope(result), "the update saw the policy it was asked to change");
-    assert_eq!(store.get_policy("contested").await.unwrap().apps, ["blog"]);
+    assert_eq!(store.get_policy("contested").await.unwrap().spec.apps, ["blog"]);
 }
 
 /// Waits until a session of the database waits on a lock, or `task` ends (a failure).

@@ -4,9 +4,10 @@
 #[macro_use]
 mod common;
 
-use tollgate_store::{Actor, Page, PolicyInput, Role, Store, StoreError};
+use tollgate_config::PolicySpec;
+use tollgate_store::{Actor, Page, Role, Store, StoreError};
 
-fn input(limit: u64, apps: &[&str]) -> PolicyInput {
+fn input(limit: u64, apps: &[&str]) -> PolicySpec {
     serde_json::from_value(serde_json::json!({
         "description": "test",
         "rules": [{"algorithm": "fixed_window", "limit": limit, "period": "1m"}],
@@ -76,7 +77,7 @@ async fn reserve_is_stored_and_refused_for_sliding_rules(store: &Store) {
     let json = serde_json::to_value(store.get_policy("cold").await.unwrap()).unwrap();
     assert!(json.get("reserve").is_none(), "{json}");
 
-    let sliding: PolicyInput = serde_json::from_value(serde_json::json!({
+    let sliding: PolicySpec = serde_json::from_value(serde_json::json!({
         "rules": [{"algorithm": "sliding_window_log", "limit": 10, "period": "1m"}],
         "reserve": "auto",
     }))

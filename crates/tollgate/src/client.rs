@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::Subcommand;
 use serde_json::Value;
-use tollgate_store::{MAX_PAGE, PolicyInput};
+use tollgate_config::PolicySpec;
+use tollgate_store::MAX_PAGE;
 
 /// Where the server is and who is asking. Global: the flags may come before or after the
 /// subcommand (`tollgate policy --server URL list` and `tollgate policy list --server URL`).
@@ -220,7 +221,7 @@ pub(crate) async fn policy(remote: Remote, command: PolicyCommand) -> anyhow::Re
             #[derive(serde::Deserialize)]
             #[serde(deny_unknown_fields)]
             struct PolicyFile {
-                policies: BTreeMap<String, PolicyInput>,
+                policies: BTreeMap<String, PolicySpec>,
             }
             let text =
                 std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
