@@ -71,3 +71,21 @@ impl<'a> Part<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Lease, LeaseId, Period, Rule};
+
+    #[test]
+    fn a_part_asks_its_cost_of_each_state_and_gives_back_nothing() {
+        let rules = RuleSet::new([Rule::fixed_window(5, Period::MINUTE)]).unwrap();
+        let id = LeaseId::random();
+        let lease = Lease { id: id.clone(), units: 4 };
+        assert_eq!(Part::new("k", &rules, 3).cost(), 3);
+        assert_eq!(Part::operation("k", &rules, Operation::Acquire { cost: 2, lease: &id }).cost(), 2);
+        assert_eq!(Part::operation("k", &rules, Operation::Refund { amount: 7 }).cost(), 0);
+        assert_eq!(Part::operation("k", &rules, Operation::Release { lease: &lease }).cost(), 0);
+        assert_eq!(Part::new("k", &rules, 3).in_group(9).group, 9);
+    }
+}
