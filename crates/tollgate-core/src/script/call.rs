@@ -903,6 +903,46 @@ mod tests {
         assert!(started.elapsed() < std::time::Duration::from_secs(30), "{:?}", started.elapsed());
     }
 
+    /// The arguments the script is sent for `part`, as text.
+    fn sent(part: crate::Part<'_>) -> Vec<String> {
+        let text = |a: &crate::script::Arg<'_>| match a {
+            crate::script::Arg::Int(n) => n.to_string(),
+            crate::script::Arg::Text(t) => (*t).to_owned(),
+        };
+        crate::script::arguments(&[part], None).iter().map(text).collect()
+    }
+
+    /// What reading `sent` with argument `at` replaced by `value` refuses, and where.
+    fn refused(sent: &[String], at: usize, value: &str) -> (usize, &'static str) {
+        let mut argv: Vec<&[u8]> = sent.iter().map(|a| a.as_bytes()).collect();
+        assert!(Call::parse(&argv).is_ok());
+        argv[at] = value.as_bytes();
+        match Call::parse(&argv) {
+            Err(BadArgument { index, reason }) => (index, reason),
+            Ok(_) => panic!("argument {at} = {value:?} was read"),
+        }
+    }
+
+    /// The error names the argument at fault, counted from 0, whichever reader found it.
+    #[test]
+    fn a_bad_argument_is_named_by_its_position() {
+        let rules = RuleSet::new([Rule::fixed_window(5, Period::SECOND)]).unwrap();
+        let check = sent(crate::Part::new("k", &rules, 1));
+        // A rule's parameter (read as an integer), the rule count (in a range), the cost.
+        assert_eq!(refused(&check, 3, "x"), (3, "not an integer"));
+        assert_eq!(refused(&check, 1, "x"), (1, "not an integer"));
+        assert_eq!(refused(&check, 1, "99"), (1, "more rules than arguments"));
+        let last = check.len() - 1;
+        assert_eq!(refused(&check, last, "-1"), (last, "a count out of range"));
+
+        let (id, leases) =
+            (crate::LeaseId::random(), RuleSet::new([Rule::concurrency(3, Period::SECOND)]).unwrap());
+        let acquire =
+            sent(crate::Part::operation("k", &leases, crate::Operation::Acquire { cost: 1, lease: &id }));
+        let at = acquire.iter().position(|a| a == id.as_str()).unwrap();
+        assert_eq!(refused(&acquire, at, "not an id!"), (at, "not a lease id"));
+    }
+
     #[test]
     fn every_rule_is_read_back_as_the_algorithm_it_compiled_to() {
         let odd = Period::from_millis(333).unwrap();
