@@ -553,7 +553,9 @@ mod tests {
         let one = RuleSet::new([Rule::fixed_window(5, Period::SECOND)]).unwrap();
         let two =
             RuleSet::new([Rule::gcra(3, Period::MINUTE, 2), Rule::fixed_window(5, Period::SECOND)]).unwrap();
+        // A lone group first: its plan is not one a joint group may be sent with.
         let batch = [
+            Part::new("d", &two, 1).in_group(9),
             Part::new("a", &one, 1).in_group(7),
             Part::new("b", &two, 2).in_group(3),
             Part::new("a", &two, 1).in_group(7),
@@ -565,7 +567,7 @@ mod tests {
         let now = Some(Timestamp::from_micros(9));
         let (sent, args) = batch_arguments(&plan, now);
         let keys: Vec<&str> = sent.iter().map(|p| p.key).collect();
-        assert_eq!(keys, ["a", "a", "a", "b", "b", "c"]);
+        assert_eq!(keys, ["d", "a", "a", "a", "b", "b", "c"]);
         assert_eq!(args, arguments(&sent, now));
     }
 

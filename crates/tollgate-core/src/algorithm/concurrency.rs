@@ -153,3 +153,33 @@ impl Algorithm for Concurrency {
         Stored::Members(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::MAX_EXACT;
+
+    /// A lease's `<id>=<units>` member, as the Lua twin writes it, with its expiry as score.
+    fn member(units: u64, expiry: f64) -> (Vec<u8>, f64) {
+        (format!("{}={units}", LeaseId::random()).into_bytes(), expiry)
+    }
+
+    /// What no Lua twin writes is refused: a fractional expiry, more units held than the
+    /// engine's exact arithmetic allows. Up to that bound is read.
+    #[test]
+    fn a_stored_set_no_twin_could_write_is_corrupt() {
+        let algorithm = Concurrency::new(10, Period::SECOND);
+        let read = |members: Vec<(Vec<u8>, f64)>| algorithm.decode(&Stored::Members(members));
+        assert_eq!(read(vec![member(1, 2.5)]), Err(Corrupt("a lease's expiry")));
+        assert_eq!(read(vec![member(1, f64::INFINITY)]), Err(Corrupt("a lease's expiry")));
+        assert_eq!(read(vec![member(3, 2e6)]).map(|s| s.leases.len()), Ok(1));
+
+        // MAX_EXACT units in full leases of MAX_COUNT and one remainder, then one unit more.
+        let full = MAX_EXACT / MAX_COUNT;
+        let mut members: Vec<_> = (0..full).map(|_| member(MAX_COUNT, 2e6)).collect();
+        members.push(member(MAX_EXACT % MAX_COUNT, 2e6));
+        assert_eq!(read(members.clone()).map(|s| s.leases.len() as u64), Ok(full + 1));
+        members.push(member(1, 2e6));
+        assert_eq!(read(members), Err(Corrupt("more units held than any limit")));
+    }
+}

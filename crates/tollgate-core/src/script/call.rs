@@ -931,8 +931,12 @@ mod tests {
         // A rule's parameter (read as an integer), the rule count (in a range), the cost.
         assert_eq!(refused(&check, 3, "x"), (3, "not an integer"));
         assert_eq!(refused(&check, 1, "x"), (1, "not an integer"));
-        assert_eq!(refused(&check, 1, "99"), (1, "more rules than arguments"));
+        // One rule more than the arguments could hold: (12 - 2) / 6 = 1.
+        assert_eq!(check.len(), 12);
+        assert_eq!(refused(&check, 1, "2"), (1, "more rules than arguments"));
+        // The run's count of checks (one cost follows it), then that cost.
         let last = check.len() - 1;
+        assert_eq!(refused(&check, last - 1, "2"), (last - 1, "more checks than arguments"));
         assert_eq!(refused(&check, last, "-1"), (last, "a count out of range"));
 
         let (id, leases) =
@@ -953,9 +957,12 @@ mod tests {
             Rule::sliding_window_counter(1_000_000_000_000, Period::DAY),
             Rule::token_bucket(5, 3, Period::SECOND),
             Rule::gcra(999_999_937, Period::MAX, 1),
+            // An emission interval under a microsecond: a quotient of 0 (1/3 µs).
+            Rule::gcra(3_000_000, Period::SECOND, 1),
             Rule::concurrency(10_000, odd),
         ])
         .unwrap();
+        assert_eq!(rules.compiled()[6].algorithm.lua_parameters()[1], 0, "the quotient");
         for rule in rules.compiled() {
             let number = rule.algorithm.lua_index() as i64 + 1;
             let read = AnyAlgorithm::from_lua(number, rule.algorithm.lua_parameters());
@@ -967,6 +974,11 @@ mod tests {
         assert_eq!(AnyAlgorithm::from_lua(1, [1, 1000, 2, 0]), None, "alignment is 0 or 1");
         assert_eq!(AnyAlgorithm::from_lua(4, [1, 0, 0, 1]), None, "an interval of 0");
         assert_eq!(AnyAlgorithm::from_lua(4, [1, 1, 5, 5]), None, "a remainder of a whole den");
+        // A GCRA whose bucket takes longer to fill than any rule may (capacity x interval).
+        let gcra = rules.compiled()[5].algorithm.lua_index() as i64 + 1;
+        let half = (crate::limits::MAX_FILL_MICROS / 2 + 1) as i64;
+        assert!(AnyAlgorithm::from_lua(gcra, [1, half, 0, 1]).is_some());
+        assert_eq!(AnyAlgorithm::from_lua(gcra, [3, half, 0, 1]), None, "beyond the longest fill");
         assert_eq!(AnyAlgorithm::from_lua(2, [10_001, 1000, 0, 0]), None, "a log beyond its limit");
     }
 }
