@@ -199,3 +199,47 @@ fn score(value: f64) -> Result<i64, Corrupt> {
     }
     Ok(value as i64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log(members: &[(&str, f64)]) -> Stored {
+        Stored::Members(members.iter().map(|(m, s)| (m.as_bytes().to_vec(), *s)).collect())
+    }
+
+    fn state(units: &[(i64, u64)]) -> State {
+        State { units: units.iter().copied().collect(), total: units.iter().map(|(_, u)| u).sum() }
+    }
+
+    /// Entries whose running totals do not grow, or whose times do not, no twin wrote.
+    #[test]
+    fn a_log_out_of_order_is_corrupt() {
+        let algorithm = SlidingWindowLog::new(10, Period::SECOND);
+        let out_of_order = Err(Corrupt("a sliding log out of order"));
+        assert_eq!(algorithm.decode(&log(&[("b", 10.0), ("5", 10.0)])), out_of_order);
+        assert_eq!(algorithm.decode(&log(&[("b", 0.0), ("5", 1.0), ("4", 2.0)])), out_of_order);
+        assert_eq!(
+            algorithm.decode(&log(&[("b", 10.0), ("4", 11.0), ("5", 13.0)])),
+            Ok(state(&[(4, 1), (5, 2)]))
+        );
+    }
+
+    /// An entry kept keeps its score (the base follows it, as the Lua moves the base up), so
+    /// a module writes only what changed; the totals are rebased to 0 past REBASE_AT.
+    #[test]
+    fn entries_kept_keep_their_scores() {
+        let algorithm = SlidingWindowLog::new(10, Period::SECOND);
+        // 4 dropped, 5 kept, 6 added.
+        let previous = log(&[("b", 100.0), ("4", 101.0), ("5", 103.0)]);
+        let encoded = algorithm.encode(&state(&[(5, 2), (6, 4)]), &previous);
+        assert_eq!(encoded, log(&[("b", 101.0), ("5", 103.0), ("6", 107.0)]));
+
+        let high = log(&[("b", REBASE_AT - 2.0), ("5", REBASE_AT - 1.0)]);
+        assert_eq!(
+            algorithm.encode(&state(&[(5, 1), (6, 1)]), &high),
+            log(&[("b", 0.0), ("5", 1.0), ("6", 2.0)])
+        );
+        assert_eq!(algorithm.encode(&state(&[]), &log(&[("b", REBASE_AT)])), log(&[("b", 0.0)]));
+    }
+}

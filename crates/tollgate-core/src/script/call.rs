@@ -979,6 +979,10 @@ mod tests {
         let half = (crate::limits::MAX_FILL_MICROS / 2 + 1) as i64;
         assert!(AnyAlgorithm::from_lua(gcra, [1, half, 0, 1]).is_some());
         assert_eq!(AnyAlgorithm::from_lua(gcra, [3, half, 0, 1]), None, "beyond the longest fill");
+        // And one whose capacity x den passes exact arithmetic (10^16 > 2^53), though its
+        // interval (10^-4 µs) and fill are small.
+        assert!(AnyAlgorithm::from_lua(gcra, [900_000_000_000, 0, 1, 10_000]).is_some());
+        assert_eq!(AnyAlgorithm::from_lua(gcra, [1_000_000_000_000, 0, 1, 10_000]), None, "inexact");
         assert_eq!(AnyAlgorithm::from_lua(2, [10_001, 1000, 0, 0]), None, "a log beyond its limit");
     }
 }
