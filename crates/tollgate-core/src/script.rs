@@ -548,6 +548,20 @@ mod tests {
         );
     }
 
+    /// The Lua reads a lone check (the most common call) at fixed places, `LONE_PREFIX` and
+    /// `LONE_COST` (1-based, as `ARGV`): they must be where the arguments put the rule's field
+    /// prefix and the cost, and the call must end with the cost.
+    #[test]
+    fn a_lone_check_puts_its_prefix_and_cost_where_the_lua_reads_them() {
+        let rules = RuleSet::new([Rule::fixed_window(5, Period::SECOND)]).unwrap();
+        let args = arguments(&[Part::new("k", &rules, 7)], None);
+        assert_eq!(args.len(), LONE_COST);
+        assert_eq!(args[LONE_COST - 1], Arg::Int(7));
+        let prefix = &rules.compiled()[0].field_prefix;
+        assert!(!prefix.is_empty());
+        assert_eq!(args[LONE_PREFIX - 1], Arg::Text(prefix));
+    }
+
     #[test]
     fn a_planned_batch_sends_what_its_parts_in_group_order_send() {
         let one = RuleSet::new([Rule::fixed_window(5, Period::SECOND)]).unwrap();
