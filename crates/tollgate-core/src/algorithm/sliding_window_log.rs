@@ -223,6 +223,11 @@ mod tests {
             algorithm.decode(&log(&[("b", 10.0), ("4", 11.0), ("5", 13.0)])),
             Ok(state(&[(4, 1), (5, 2)]))
         );
+        // A running total is a whole number in 0..=2^53 - 1.
+        let total = Err(Corrupt("a sliding log's running total"));
+        for bad in [0.5, -1.0, 2f64.powi(53)] {
+            assert_eq!(algorithm.decode(&log(&[("b", bad)])), total, "{bad}");
+        }
     }
 
     /// An entry kept keeps its score (the base follows it, as the Lua moves the base up), so

@@ -903,18 +903,22 @@ mod tests {
         assert!(started.elapsed() < std::time::Duration::from_secs(30), "{:?}", started.elapsed());
     }
 
-    /// The arguments the script is sent for `part`, as text.
-    fn sent(part: crate::Part<'_>) -> Vec<String> {
+    /// The arguments the script is sent for `parts`, as text.
+    fn sent(parts: &[crate::Part<'_>]) -> Vec<String> {
         let text = |a: &crate::script::Arg<'_>| match a {
             crate::script::Arg::Int(n) => n.to_string(),
             crate::script::Arg::Text(t) => (*t).to_owned(),
         };
-        crate::script::arguments(&[part], None).iter().map(text).collect()
+        crate::script::arguments(parts, None).iter().map(text).collect()
+    }
+
+    fn argv(sent: &[String]) -> Vec<&[u8]> {
+        sent.iter().map(|a| a.as_bytes()).collect()
     }
 
     /// What reading `sent` with argument `at` replaced by `value` refuses, and where.
     fn refused(sent: &[String], at: usize, value: &str) -> (usize, &'static str) {
-        let mut argv: Vec<&[u8]> = sent.iter().map(|a| a.as_bytes()).collect();
+        let mut argv = argv(sent);
         assert!(Call::parse(&argv).is_ok());
         argv[at] = value.as_bytes();
         match Call::parse(&argv) {
@@ -927,7 +931,7 @@ mod tests {
     #[test]
     fn a_bad_argument_is_named_by_its_position() {
         let rules = RuleSet::new([Rule::fixed_window(5, Period::SECOND)]).unwrap();
-        let check = sent(crate::Part::new("k", &rules, 1));
+        let check = sent(&[crate::Part::new("k", &rules, 1)]);
         // A rule's parameter (read as an integer), the rule count (in a range), the cost.
         assert_eq!(refused(&check, 3, "x"), (3, "not an integer"));
         assert_eq!(refused(&check, 1, "x"), (1, "not an integer"));
@@ -942,9 +946,32 @@ mod tests {
         let (id, leases) =
             (crate::LeaseId::random(), RuleSet::new([Rule::concurrency(3, Period::SECOND)]).unwrap());
         let acquire =
-            sent(crate::Part::operation("k", &leases, crate::Operation::Acquire { cost: 1, lease: &id }));
+            sent(&[crate::Part::operation("k", &leases, crate::Operation::Acquire { cost: 1, lease: &id })]);
         let at = acquire.iter().position(|a| a == id.as_str()).unwrap();
         assert_eq!(refused(&acquire, at, "not an id!"), (at, "not a lease id"));
+    }
+
+    /// A part joins the group before only when it says so; its rule count is bounded by the
+    /// arguments left; a reference to an entry of its group must name one.
+    #[test]
+    fn parts_are_read_into_their_groups() {
+        let leases = RuleSet::new([Rule::concurrency(3, Period::SECOND)]).unwrap();
+        let ids = [crate::LeaseId::random(), crate::LeaseId::random(), crate::LeaseId::random()];
+        let acquire = |i: usize| {
+            crate::Part::operation("k", &leases, crate::Operation::Acquire { cost: 1, lease: &ids[i] })
+        };
+        let groups = |sent: &[String]| Call::parse(&argv(sent)).unwrap().groups.len();
+        assert_eq!(groups(&sent(&[acquire(0), acquire(1).in_group(1)])), 2);
+        // A lone group, then a joint one whose second part names the group's first entry (-1).
+        let joint = sent(&[acquire(0), acquire(1).in_group(1), acquire(2).in_group(1)]);
+        assert_eq!(groups(&joint), 2);
+        let header = joint.iter().position(|a| a == ids[2].as_str()).unwrap();
+        let (count, reference) = (header + 3, header + 4);
+        assert_eq!(joint[reference], "-1");
+        assert_eq!(refused(&joint, count, "2"), (count, "more rules than arguments"));
+        for bad in ["0", "-2"] {
+            assert_eq!(refused(&joint, reference, bad), (reference, "no such entry in the group"), "{bad}");
+        }
     }
 
     #[test]
