@@ -40,4 +40,4 @@ pub use redis_module::{module_args, redis_module};
 pub use redis_sentinel::RedisSentinel;
 pub use redis_server::{OnServer, RedisServer, free_port};
 pub use redis_store::RedisStore;
-pub use script_backend::{KeyNaming, ScriptBackend, TestStore};
+pub use script_backend::{KeyNaming, ScriptBackend, TestStore, argv, redis_keys};

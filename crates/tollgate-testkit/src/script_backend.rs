@@ -38,16 +38,27 @@ pub struct ScriptBackend<S = MapStore> {
 impl ScriptBackend<MapStore> {
     /// A backend on `clock`, with an empty [`MapStore`].
     pub fn with_clock(clock: ManualClock) -> Self {
-        ScriptBackend::with_store(clock, MapStore::default(), Box::new(default_keys))
+        ScriptBackend::with_store(clock, MapStore::default(), Box::new(redis_keys))
     }
 }
 
-/// `{key}:h` and `{key}:<signature>`: the Redis backend's layout without a prefix.
-fn default_keys(key: &str, rules: &RuleSet) -> Vec<String> {
+/// The keys of `key`'s states under `rules`, one per rule in order, as the Redis backend names
+/// them without a prefix: `{key}:h` for hash-stored rules, `{key}:<signature>` for the others.
+pub fn redis_keys(key: &str, rules: &RuleSet) -> Vec<String> {
     script::locations(rules)
         .map(|location| match location {
             StateLocation::Own { signature } => format!("{{{key}}}:{signature}"),
             StateLocation::SharedHash { .. } => format!("{{{key}}}:{}", script::SHARED_HASH),
+        })
+        .collect()
+}
+
+/// The script's arguments as the bytes a Redis module receives.
+pub fn argv(args: &[Arg<'_>]) -> Vec<Vec<u8>> {
+    args.iter()
+        .map(|arg| match arg {
+            Arg::Int(n) => n.to_string().into_bytes(),
+            Arg::Text(t) => t.as_bytes().to_vec(),
         })
         .collect()
 }
@@ -67,13 +78,7 @@ impl<S: TestStore> ScriptBackend<S> {
     /// them.
     fn run(&self, now: Timestamp, parts: &[Part<'_>], args: &[Arg<'_>]) -> Result<Vec<Decision>, Error> {
         let keys: Vec<String> = parts.iter().flat_map(|p| self.state_keys(p.key, p.rules)).collect();
-        let args: Vec<Vec<u8>> = args
-            .iter()
-            .map(|arg| match arg {
-                Arg::Int(n) => n.to_string().into_bytes(),
-                Arg::Text(t) => t.as_bytes().to_vec(),
-            })
-            .collect();
+        let args = argv(args);
         let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
         let argv: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
