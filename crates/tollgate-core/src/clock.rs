@@ -6,7 +6,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A point in time: whole microseconds since the Unix epoch.
 ///
@@ -70,17 +70,29 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 /// The production clock: monotonic, anchored to the wall clock once, at creation.
 ///
 /// Clock-aligned windows need epoch time, but a wall clock can step backwards (NTP); this clock
-/// reads the wall clock once and then only advances with [`Instant`], so it never goes back.
-#[derive(Clone, Copy, Debug)]
+/// reads the wall clock once and then only advances with a monotonic clock, so it never goes
+/// back. The monotonic clock is `quanta`'s (governor's too): the CPU's invariant time-stamp
+/// counter where it has one (a few instructions, against the hundred of `clock_gettime` behind
+/// [`Instant`](std::time::Instant), on the path of every decision), `clock_gettime` elsewhere.
+/// The counter's rate is calibrated once per process, in under a millisecond: measured here it
+/// ran 1.5 parts per million slow against `Instant`, so a window is that much longer, and over a
+/// long uptime the windows' alignment drifts from the wall clock by about 0.13 s a day.
+#[derive(Clone, Debug)]
 pub struct SystemClock {
     anchor_wall: Timestamp,
-    anchor: Instant,
+    monotonic: quanta::Clock,
+    anchor: quanta::Instant,
 }
 
 impl SystemClock {
     /// A clock anchored at the current wall-clock time.
     pub fn new() -> Self {
-        SystemClock { anchor_wall: Timestamp::from_system_time(SystemTime::now()), anchor: Instant::now() }
+        let monotonic = quanta::Clock::new();
+        SystemClock {
+            anchor_wall: Timestamp::from_system_time(SystemTime::now()),
+            anchor: monotonic.now(),
+            monotonic,
+        }
     }
 }
 
@@ -92,7 +104,7 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
-        self.anchor_wall.saturating_add(self.anchor.elapsed())
+        self.anchor_wall.saturating_add(self.monotonic.now().saturating_duration_since(self.anchor))
     }
 }
 

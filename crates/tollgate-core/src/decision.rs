@@ -59,7 +59,7 @@ impl Decision {
 
     /// [`from_outcomes`](Self::from_outcomes), from outcomes collected without allocating.
     /// Inlined so the decision is built in its caller's place, not built and then copied.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn from_outcome_list(outcomes: Outcomes) -> Self {
         assert!(!outcomes.is_empty(), "a decision needs at least one rule outcome");
         if let [only] = &outcomes[..] {
@@ -67,6 +67,12 @@ impl Decision {
             let allowed = only.allowed;
             return Decision { outcomes, allowed, binding: 0 };
         }
+        let (allowed, binding) = Decision::binding_of(&outcomes);
+        Decision { outcomes, allowed, binding }
+    }
+
+    /// Whether every rule admits, and which of several binds (see [`Decision`]).
+    fn binding_of(outcomes: &[RuleOutcome]) -> (bool, usize) {
         let allowed = outcomes.iter().all(|o| o.allowed);
         let by_key = |i: &usize| {
             let o = &outcomes[*i];
@@ -80,7 +86,7 @@ impl Decision {
         };
         // max_by_key keeps the last of equals; iterate in reverse so the first rule wins ties.
         let binding = (0..outcomes.len()).rev().max_by_key(by_key).unwrap_or(0);
-        Decision { outcomes, allowed, binding }
+        (allowed, binding)
     }
 
     /// A decision admitting a request without consulting any state, every rule reported full:

@@ -154,10 +154,40 @@ impl<'a> Group<'a> for Single<'a> {
     }
 }
 
+/// A lone operation under a set of one rule (the commonest set): [`Single`] with its one state
+/// known at compile time, so that [`phases`], made for it, runs no loops.
+struct One<'a>(Single<'a>);
+
+impl<'a> Group<'a> for One<'a> {
+    fn states(&self) -> usize {
+        1
+    }
+
+    fn demand(&self, at: usize) -> Demand<'a> {
+        self.0.demand(at)
+    }
+
+    fn entries(&self) -> usize {
+        1
+    }
+
+    fn entry(&self, at: usize) -> Entry<'a> {
+        self.0.entry(at)
+    }
+}
+
 /// Runs one operation on a key's states under a rule set: a group of one part, whose rules
-/// are states `0..n` in order (what a [`GroupPlan`] of that one part would say). The caller has
+/// are states `0..n` in order (what a [`GroupPlan`] of that one part would say). Its outcomes
+/// are pushed onto `outcomes` (empty), for the caller to make the [`Decision`] where it returns
+/// it: the decision is too large to move cheaply (each move is a `memcpy`). The caller has
 /// validated the operation ([`Operation::validate`]).
-pub(crate) fn run(rules: &RuleSet, op: Operation<'_>, now: i64, states: &mut impl States) -> Decision {
+pub(crate) fn run(
+    rules: &RuleSet,
+    op: Operation<'_>,
+    now: i64,
+    states: &mut impl States,
+    outcomes: &mut Outcomes,
+) {
     let (units, lease) = match op {
         Operation::Check { cost } => (cost, None),
         Operation::Acquire { cost, lease } => (cost, Some(lease)),
@@ -165,11 +195,13 @@ pub(crate) fn run(rules: &RuleSet, op: Operation<'_>, now: i64, states: &mut imp
     };
     let single = Single { rules, op, units, lease };
     // Sized once: growing past the inline two would reallocate twice on the way to five rules.
-    let mut outcomes = Outcomes::with_capacity(rules.len());
-    phases(now, &single, states, |admission, report| {
-        outcomes.push(rules.outcome(outcomes.len(), admission, report));
-    });
-    Decision::from_outcome_list(outcomes)
+    outcomes.reserve_exact(rules.len());
+    let emit = |admission, report| outcomes.push(rules.outcome(outcomes.len(), admission, report));
+    if rules.len() == 1 {
+        phases(now, &One(single), states, emit);
+    } else {
+        phases(now, &single, states, emit);
+    }
 }
 
 /// Runs a group's parts together ([`phases`]); `emit` receives each part's decision (by its

@@ -11,6 +11,7 @@ use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 
 use crate::algorithm::State;
+use crate::decision::Outcomes;
 use crate::engine::{self, States};
 use crate::limits::{MAX_BATCH_PARTS, MAX_RULES};
 use crate::operation::validate_key;
@@ -307,6 +308,15 @@ impl States for Found<'_> {
     }
 }
 
+/// The state of an operation's one rule.
+struct Lone<'a>(&'a mut State);
+
+impl States for Lone<'_> {
+    fn get(&mut self, _: usize) -> &mut State {
+        self.0
+    }
+}
+
 /// A batch group's states, moved out of the map while the group runs.
 struct Taken(SmallVec<[State; 8]>);
 
@@ -321,14 +331,18 @@ impl Entry {
     fn find(&mut self, rules: &RuleSet) -> [usize; MAX_RULES] {
         let mut index = [0; MAX_RULES];
         for (i, rule) in rules.compiled().iter().enumerate() {
-            index[i] = self.find_one(rule);
+            index[i] = self.find_one(rule, i);
         }
         index
     }
 
-    /// Finds (or creates) one rule's state.
-    fn find_one(&mut self, rule: &CompiledRule) -> usize {
+    /// Finds (or creates) one rule's state; `hint` is where it is likely to be (a key checked
+    /// under one rule set holds its rules' states in the set's order).
+    fn find_one(&mut self, rule: &CompiledRule, hint: usize) -> usize {
         // The same rule set's signatures are the same allocation: compare pointers first.
+        if self.states.get(hint).is_some_and(|s| Arc::ptr_eq(&s.signature, &rule.signature)) {
+            return hint;
+        }
         let same =
             |s: &HeldState| Arc::ptr_eq(&s.signature, &rule.signature) || s.signature == rule.signature;
         match self.states.iter().position(same) {
@@ -350,6 +364,13 @@ impl Entry {
             let held = &mut self.states[index[i]];
             held.expires_at = rule.algorithm.expires_at(&mut held.state).unwrap_or(i64::MIN);
         }
+        self.refresh_expiry();
+    }
+
+    /// [`settle`](Self::settle) for a set of one rule, whose state is `states[at]`.
+    fn settle_one(&mut self, rule: &CompiledRule, at: usize) {
+        let held = &mut self.states[at];
+        held.expires_at = rule.algorithm.expires_at(&mut held.state).unwrap_or(i64::MIN);
         self.refresh_expiry();
     }
 
@@ -395,10 +416,9 @@ impl<C: Clock> MemoryBackend<C> {
     pub fn execute_now(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
         op.validate(key, rules)?;
         let now = self.now();
-        // The decision is moved once, into the result: a decision of two rules is too large to
-        // copy cheaply, and each move of it is a `memcpy` call.
         let mut evicted = 0;
-        let decision = {
+        let mut outcomes = Outcomes::new();
+        {
             let mut guard = self.lock(self.shard_of(key));
             let shard = &mut *guard;
             // One probe of the map for a key held (the common case); a new key pays a second.
@@ -409,17 +429,29 @@ impl<C: Clock> MemoryBackend<C> {
                     shard.map.entry(key.into()).or_default()
                 }
             };
-            let index = entry.find(rules);
-            let decision = engine::run(rules, op, now, &mut Found { held: &mut entry.states, index: &index });
-            entry.settle(rules, &index);
+            match rules.compiled() {
+                // One rule (the commonest set): its state found and settled without an index.
+                [rule] => {
+                    let at = entry.find_one(rule, 0);
+                    engine::run(rules, op, now, &mut Lone(&mut entry.states[at].state), &mut outcomes);
+                    entry.settle_one(rule, at);
+                }
+                _ => {
+                    let index = entry.find(rules);
+                    let found = &mut Found { held: &mut entry.states, index: &index };
+                    engine::run(rules, op, now, found, &mut outcomes);
+                    entry.settle(rules, &index);
+                }
+            }
             if entry.expires_at < entry.floor {
                 shard.index(key);
             }
-            decision
-        };
+        }
         self.evicted(evicted, now);
         self.maybe_sweep(now);
-        Ok(decision)
+        // The decision made where it is returned: it is too large to move cheaply (each move
+        // is a `memcpy` call).
+        Ok(Decision::from_outcome_list(outcomes))
     }
 
     /// Forgets `key`'s state under `rules`, synchronously.
@@ -483,7 +515,7 @@ impl<C: Clock> MemoryBackend<C> {
                     shard.map.insert(key.into(), Entry::default());
                 }
                 let Some(entry) = shard.map.get_mut(key) else { unreachable!("inserted above") };
-                let found = entry.find_one(rule);
+                let found = entry.find_one(rule, 0);
                 let state = rule.algorithm.new_state();
                 taken.0.push(std::mem::replace(&mut entry.states[found].state, state));
                 at.push(guard);
@@ -494,7 +526,7 @@ impl<C: Clock> MemoryBackend<C> {
                 let KeyRule { key, rule } = planned.place;
                 let shard = &mut guards[guard];
                 let Some(entry) = shard.map.get_mut(key) else { continue };
-                let found = entry.find_one(rule);
+                let found = entry.find_one(rule, 0);
                 entry.states[found].expires_at = rule.algorithm.expires_at(&mut state).unwrap_or(i64::MIN);
                 entry.states[found].state = state;
                 entry.refresh_expiry();
