@@ -1,6 +1,7 @@
 //! The names of the metrics the limiter records (through the `metrics` facade; the server
 //! installs the Prometheus exporter). Labels are policy names and fixed words, so their number
-//! stays bounded.
+//! stays bounded. A limiter registers its backend's metrics ([`BREAKER_OPEN`],
+//! [`BACKEND_SECONDS`]) when it is built: install the recorder before building it.
 
 /// Counter: decisions, by `policy` and `outcome` (`allowed`, `denied`, `shadow_denied`).
 pub const DECISIONS: &str = "tollgate_decisions_total";
