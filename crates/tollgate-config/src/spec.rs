@@ -6,7 +6,6 @@
 //! (its policies are global and always applied), so its loader leaves them at their defaults
 //! and refuses them as unknown.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -170,13 +169,12 @@ impl PolicySpec {
             }
         };
         self.reserve.validate(&rules).map_err(|e| err("reserve", e.to_string()))?;
-        Ok(Policy {
-            name: Arc::from(name),
-            description: self.description.clone(),
-            rules,
-            mode: self.mode,
-            on_limit,
-            reserve: self.reserve,
-        })
+        let mut policy = Policy::enforce(name, rules)
+            .with_description(self.description.clone())
+            .with_mode(self.mode)
+            .with_on_limit(on_limit);
+        // Validated above (`with_reserve` would check it again).
+        policy.reserve = self.reserve;
+        Ok(policy)
     }
 }

@@ -16,6 +16,7 @@ use tracing::field::Empty;
 use crate::breaker::{Breaker, BreakerState};
 use crate::decision_log::{self, DecisionLog, DecisionLogSettings};
 use crate::metrics as m;
+use crate::policy::Series;
 use crate::reserve::{self, Held, Leftover, Reservations, ReserveStats, Step};
 use crate::traced::traced;
 use crate::{Mode, OnLimit, Policy};
@@ -810,17 +811,30 @@ impl Limiter {
             decision_log::write(&line);
         }
         // Metric labels share the policy name (an Arc) rather than copying it per decision.
-        let name = Arc::clone(&policy.name);
+        let name = &policy.name;
         let outcome = outcome(verdict, taken);
-        metrics::counter!(m::DECISIONS, "policy" => name.clone(), "outcome" => outcome).increment(1);
+        let near = verdict.decision.allowed()
+            && verdict.decision.rules().iter().any(|r| r.remaining.saturating_mul(5) < r.limit);
+        let series = match outcome {
+            "allowed" => Series::Allowed,
+            "shadow_denied" => Series::ShadowDenied,
+            _ => Series::Denied,
+        };
+        match policy.counters.get(name, series) {
+            Some(decisions) => decisions.increment(1),
+            None => metrics::counter!(m::DECISIONS, "policy" => Arc::clone(name), "outcome" => outcome)
+                .increment(1),
+        }
+        if near {
+            match policy.counters.get(name, Series::NearLimit) {
+                Some(near_limit) => near_limit.increment(1),
+                None => metrics::counter!(m::NEAR_LIMIT, "policy" => Arc::clone(name)).increment(1),
+            }
+        }
         if verdict.degraded {
             let failure_policy = self.inner.settings.on_failure.as_str();
-            metrics::counter!(m::DEGRADED, "policy" => name.clone(), "failure_policy" => failure_policy)
+            metrics::counter!(m::DEGRADED, "policy" => Arc::clone(name), "failure_policy" => failure_policy)
                 .increment(1);
-        }
-        let near = verdict.decision.rules().iter().any(|r| r.remaining.saturating_mul(5) < r.limit);
-        if verdict.decision.allowed() && near {
-            metrics::counter!(m::NEAR_LIMIT, "policy" => name).increment(1);
         }
     }
 

@@ -1,7 +1,9 @@
 //! The names of the metrics the limiter records (through the `metrics` facade; the server
 //! installs the Prometheus exporter). Labels are policy names and fixed words, so their number
 //! stays bounded. A limiter registers its backend's metrics ([`BREAKER_OPEN`],
-//! [`BACKEND_SECONDS`]) when it is built: install the recorder before building it.
+//! [`BACKEND_SECONDS`]) when it is built, and a policy its [`DECISIONS`] and [`NEAR_LIMIT`]
+//! counters at its first decision (rather than looking them up by their labels at every one):
+//! install the recorder before building the limiter.
 
 /// Counter: decisions, by `policy` and `outcome` (`allowed`, `denied`, `shadow_denied`).
 pub const DECISIONS: &str = "tollgate_decisions_total";

@@ -1,10 +1,14 @@
 //! [`Policy`]: a named rule set with its mode and its strategy when a request is over the limit.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use metrics::Counter;
 
 use serde::{Deserialize, Serialize};
 use tollgate_core::{AlgorithmName, Period, RuleKind, RuleSet};
+
+use crate::metrics as m;
 
 /// Whether a policy's denials are enforced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,6 +161,53 @@ pub(crate) fn reservable(kind: &RuleKind) -> bool {
     matches!(kind, RuleKind::FixedWindow { .. } | RuleKind::TokenBucket { .. } | RuleKind::Gcra { .. })
 }
 
+/// A policy's decision counters ([`DECISIONS`](crate::metrics::DECISIONS) by outcome, and
+/// [`NEAR_LIMIT`](crate::metrics::NEAR_LIMIT)), each registered with the metrics recorder when
+/// first counted rather than looked up by its labels at every decision. Nothing is allocated
+/// until then, so a policy made for one request (Envoy's descriptors) costs what the lookup did.
+#[derive(Clone, Default)]
+pub(crate) struct PolicyCounters {
+    /// The name the counters are labelled with: the policy's at its first count.
+    name: OnceLock<Arc<str>>,
+    counters: [OnceLock<Counter>; 4],
+}
+
+/// One of a policy's counters.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Series {
+    Allowed,
+    Denied,
+    ShadowDenied,
+    NearLimit,
+}
+
+impl PolicyCounters {
+    /// The counter of `series` for the policy named `name`; `None` when the policy was renamed
+    /// after its first count (a clone renamed), for the caller to label its own.
+    pub(crate) fn get(&self, name: &Arc<str>, series: Series) -> Option<&Counter> {
+        if !Arc::ptr_eq(self.name.get_or_init(|| Arc::clone(name)), name) {
+            return None;
+        }
+        Some(self.counters[series as usize].get_or_init(|| {
+            let decisions = |outcome: &'static str| {
+                metrics::counter!(m::DECISIONS, "policy" => Arc::clone(name), "outcome" => outcome)
+            };
+            match series {
+                Series::Allowed => decisions("allowed"),
+                Series::Denied => decisions("denied"),
+                Series::ShadowDenied => decisions("shadow_denied"),
+                Series::NearLimit => metrics::counter!(m::NEAR_LIMIT, "policy" => Arc::clone(name)),
+            }
+        }))
+    }
+}
+
+impl std::fmt::Debug for PolicyCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PolicyCounters")
+    }
+}
+
 /// Rules checked together, with a name, a [`Mode`] and an [`OnLimit`] strategy.
 #[derive(Clone, Debug)]
 pub struct Policy {
@@ -172,6 +223,7 @@ pub struct Policy {
     pub on_limit: OnLimit,
     /// Whether hot keys are answered from reserved blocks ([`Reserve::Off`] unless set).
     pub reserve: Reserve,
+    pub(crate) counters: PolicyCounters,
 }
 
 impl Policy {
@@ -184,6 +236,7 @@ impl Policy {
             mode: Mode::Enforce,
             on_limit: OnLimit::Reject,
             reserve: Reserve::Off,
+            counters: PolicyCounters::default(),
         }
     }
 
@@ -204,6 +257,12 @@ impl Policy {
     /// This policy with the `on_limit` strategy.
     pub fn with_on_limit(mut self, on_limit: OnLimit) -> Self {
         self.on_limit = on_limit;
+        self
+    }
+
+    /// This policy with a description.
+    pub fn with_description(mut self, description: Option<String>) -> Self {
+        self.description = description;
         self
     }
 }
@@ -280,5 +339,29 @@ impl SixPeriods {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_carry_the_name_they_were_made_with() {
+        let rules = RuleSet::new([tollgate_core::Rule::fixed_window(5, Period::SECOND)]).unwrap();
+        let policy = Policy::enforce("a", rules);
+        assert!(policy.counters.get(&policy.name, Series::Allowed).is_some());
+        // A clone keeps the counters; renamed, it must label its own decisions.
+        let mut renamed = policy.clone();
+        renamed.name = "b".into();
+        assert!(renamed.counters.get(&renamed.name, Series::Denied).is_none());
+        assert!(policy.counters.get(&policy.name, Series::Denied).is_some());
+        // A policy never counted takes the name it is first counted under.
+        let mut fresh = Policy::enforce(
+            "c",
+            RuleSet::new([tollgate_core::Rule::fixed_window(1, Period::SECOND)]).unwrap(),
+        );
+        fresh.name = "d".into();
+        assert!(fresh.counters.get(&fresh.name, Series::NearLimit).is_some());
     }
 }
