@@ -16,7 +16,7 @@ use tracing::field::Empty;
 use crate::breaker::{Breaker, BreakerState};
 use crate::decision_log::{self, DecisionLog, DecisionLogSettings};
 use crate::metrics as m;
-use crate::policy::Series;
+use crate::policy::Outcome;
 use crate::reserve::{self, Held, Leftover, Reservations, ReserveStats, Step};
 use crate::traced::traced;
 use crate::{Mode, OnLimit, Policy};
@@ -335,7 +335,7 @@ impl Limiter {
         }
         traced(span, self.check_all_untraced(checks), |joint| {
             let degraded = joint.verdicts.iter().any(|v| v.degraded);
-            (if joint.admitted { "allowed" } else { "denied" }, degraded)
+            (if joint.admitted { Outcome::Allowed } else { Outcome::Denied }, degraded)
         })
         .await
     }
@@ -386,7 +386,7 @@ impl Limiter {
         }
         traced(span, self.check_each_untraced(checks), |verdicts| {
             let allowed = verdicts.iter().all(Verdict::allowed);
-            (if allowed { "allowed" } else { "denied" }, verdicts.iter().any(|v| v.degraded))
+            (if allowed { Outcome::Allowed } else { Outcome::Denied }, verdicts.iter().any(|v| v.degraded))
         })
         .await
     }
@@ -815,18 +815,15 @@ impl Limiter {
         let outcome = outcome(verdict, taken);
         let near = verdict.decision.allowed()
             && verdict.decision.rules().iter().any(|r| r.remaining.saturating_mul(5) < r.limit);
-        let series = match outcome {
-            "allowed" => Series::Allowed,
-            "shadow_denied" => Series::ShadowDenied,
-            _ => Series::Denied,
-        };
-        match policy.counters.get(name, series) {
+        match policy.counters.decisions(name, outcome) {
             Some(decisions) => decisions.increment(1),
-            None => metrics::counter!(m::DECISIONS, "policy" => Arc::clone(name), "outcome" => outcome)
-                .increment(1),
+            None => {
+                metrics::counter!(m::DECISIONS, "policy" => Arc::clone(name), "outcome" => outcome.as_str())
+                    .increment(1);
+            }
         }
         if near {
-            match policy.counters.get(name, Series::NearLimit) {
+            match policy.counters.near_limit(name) {
                 Some(near_limit) => near_limit.increment(1),
                 None => metrics::counter!(m::NEAR_LIMIT, "policy" => Arc::clone(name)).increment(1),
             }
@@ -990,10 +987,10 @@ impl Limiter {
 
 /// A verdict as the metrics and spans name it; `taken` is false for a check refused because
 /// another check of its batch was.
-fn outcome(verdict: &Verdict, taken: bool) -> &'static str {
+fn outcome(verdict: &Verdict, taken: bool) -> Outcome {
     match (verdict.decision.allowed() && taken, verdict.shadow_denied) {
-        (true, _) => "allowed",
-        (false, true) => "shadow_denied",
-        (false, false) => "denied",
+        (true, _) => Outcome::Allowed,
+        (false, true) => Outcome::ShadowDenied,
+        (false, false) => Outcome::Denied,
     }
 }

@@ -4,7 +4,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use metrics::Counter;
-
 use serde::{Deserialize, Serialize};
 use tollgate_core::{AlgorithmName, Period, RuleKind, RuleSet};
 
@@ -161,7 +160,26 @@ pub(crate) fn reservable(kind: &RuleKind) -> bool {
     matches!(kind, RuleKind::FixedWindow { .. } | RuleKind::TokenBucket { .. } | RuleKind::Gcra { .. })
 }
 
-/// A policy's decision counters ([`DECISIONS`](crate::metrics::DECISIONS) by outcome, and
+/// A decision as the metrics and spans name it (the `outcome` label of
+/// [`DECISIONS`](crate::metrics::DECISIONS)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Allowed,
+    Denied,
+    ShadowDenied,
+}
+
+impl Outcome {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
+            Outcome::ShadowDenied => "shadow_denied",
+        }
+    }
+}
+
+/// A policy's decision counters ([`DECISIONS`](crate::metrics::DECISIONS) by [`Outcome`], and
 /// [`NEAR_LIMIT`](crate::metrics::NEAR_LIMIT)), each registered with the metrics recorder when
 /// first counted rather than looked up by its labels at every decision. Nothing is allocated
 /// until then, so a policy made for one request (Envoy's descriptors) costs what the lookup did.
@@ -169,36 +187,31 @@ pub(crate) fn reservable(kind: &RuleKind) -> bool {
 pub(crate) struct PolicyCounters {
     /// The name the counters are labelled with: the policy's at its first count.
     name: OnceLock<Arc<str>>,
+    /// By [`Outcome`] (its discriminant), then near-limit.
     counters: [OnceLock<Counter>; 4],
 }
 
-/// One of a policy's counters.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Series {
-    Allowed,
-    Denied,
-    ShadowDenied,
-    NearLimit,
-}
-
 impl PolicyCounters {
-    /// The counter of `series` for the policy named `name`; `None` when the policy was renamed
-    /// after its first count (a clone renamed), for the caller to label its own.
-    pub(crate) fn get(&self, name: &Arc<str>, series: Series) -> Option<&Counter> {
+    /// The decisions counter of `outcome` for the policy named `name`; `None` when the policy
+    /// was renamed after its first count (a clone renamed), for the caller to label its own.
+    pub(crate) fn decisions(&self, name: &Arc<str>, outcome: Outcome) -> Option<&Counter> {
+        self.get(
+            name,
+            outcome as usize,
+            || metrics::counter!(m::DECISIONS, "policy" => Arc::clone(name), "outcome" => outcome.as_str()),
+        )
+    }
+
+    /// The near-limit counter of the policy named `name`, as [`decisions`](Self::decisions).
+    pub(crate) fn near_limit(&self, name: &Arc<str>) -> Option<&Counter> {
+        self.get(name, 3, || metrics::counter!(m::NEAR_LIMIT, "policy" => Arc::clone(name)))
+    }
+
+    fn get(&self, name: &Arc<str>, at: usize, register: impl FnOnce() -> Counter) -> Option<&Counter> {
         if !Arc::ptr_eq(self.name.get_or_init(|| Arc::clone(name)), name) {
             return None;
         }
-        Some(self.counters[series as usize].get_or_init(|| {
-            let decisions = |outcome: &'static str| {
-                metrics::counter!(m::DECISIONS, "policy" => Arc::clone(name), "outcome" => outcome)
-            };
-            match series {
-                Series::Allowed => decisions("allowed"),
-                Series::Denied => decisions("denied"),
-                Series::ShadowDenied => decisions("shadow_denied"),
-                Series::NearLimit => metrics::counter!(m::NEAR_LIMIT, "policy" => Arc::clone(name)),
-            }
-        }))
+        Some(self.counters[at].get_or_init(register))
     }
 }
 
@@ -223,6 +236,7 @@ pub struct Policy {
     pub on_limit: OnLimit,
     /// Whether hot keys are answered from reserved blocks ([`Reserve::Off`] unless set).
     pub reserve: Reserve,
+    /// Its metrics' counters.
     pub(crate) counters: PolicyCounters,
 }
 
@@ -350,18 +364,19 @@ mod tests {
     fn counters_carry_the_name_they_were_made_with() {
         let rules = RuleSet::new([tollgate_core::Rule::fixed_window(5, Period::SECOND)]).unwrap();
         let policy = Policy::enforce("a", rules);
-        assert!(policy.counters.get(&policy.name, Series::Allowed).is_some());
+        assert!(policy.counters.decisions(&policy.name, Outcome::Allowed).is_some());
         // A clone keeps the counters; renamed, it must label its own decisions.
         let mut renamed = policy.clone();
         renamed.name = "b".into();
-        assert!(renamed.counters.get(&renamed.name, Series::Denied).is_none());
-        assert!(policy.counters.get(&policy.name, Series::Denied).is_some());
+        assert!(renamed.counters.decisions(&renamed.name, Outcome::Denied).is_none());
+        assert!(renamed.counters.near_limit(&renamed.name).is_none());
+        assert!(policy.counters.decisions(&policy.name, Outcome::Denied).is_some());
         // A policy never counted takes the name it is first counted under.
         let mut fresh = Policy::enforce(
             "c",
             RuleSet::new([tollgate_core::Rule::fixed_window(1, Period::SECOND)]).unwrap(),
         );
         fresh.name = "d".into();
-        assert!(fresh.counters.get(&fresh.name, Series::NearLimit).is_some());
+        assert!(fresh.counters.near_limit(&fresh.name).is_some());
     }
 }

@@ -12,22 +12,22 @@ use std::future::Future;
 use tracing::{Instrument as _, Span};
 
 use crate::limiter::LimitError;
+use crate::policy::Outcome;
 
-/// What a finished check records: its outcome (`allowed`, `denied`, `shadow_denied`) and
-/// whether it was degraded.
-pub(crate) type Outcome<T> = fn(&T) -> (&'static str, bool);
+/// What a finished check records: its [`Outcome`] and whether it was degraded.
+pub(crate) type Describe<T> = fn(&T) -> (Outcome, bool);
 
 /// Runs `check` in `span` (which is on), then records its outcome, or its error, on the span.
 pub(crate) async fn traced<T>(
     span: Span,
     check: impl Future<Output = Result<T, LimitError>>,
-    outcome: Outcome<T>,
+    describe: Describe<T>,
 ) -> Result<T, LimitError> {
     let result = Box::pin(check).instrument(span.clone()).await;
     match &result {
         Ok(answer) => {
-            let (decision, degraded) = outcome(answer);
-            span.record("tollgate.decision", decision);
+            let (decision, degraded) = describe(answer);
+            span.record("tollgate.decision", decision.as_str());
             span.record("tollgate.degraded", degraded);
         }
         Err(e) => {
