@@ -1,7 +1,8 @@
 //! One dropped connection under load (issue 18): every connection to Redis closed at once
 //! while eight callers check through a [`Limiter`] (failure policy `local`). The calls in flight
-//! at that moment fail (whether their scripts ran is unknown, so they are never sent again);
-//! every other call is answered by Redis: the client reconnects at once, and the breaker counts
+//! at that moment fail (whether their scripts ran is unknown, so they are never sent again), and
+//! so may a call sent on a connection the client has not yet seen close; every other call is
+//! answered by Redis: the client reconnects at once, and the breaker counts
 //! the calls one fault failed together as one failure, so it stays closed. Before, the blip
 //! opened the breaker and gave a whole probe interval of degraded answers (113 in the
 //! server's drop test). Counts stay exact: Redis counted every call it admitted, plus at most
@@ -23,6 +24,8 @@ use engines::{on_both_engines, one_variant_at_a_time, server};
 
 /// Callers; each has at most one call in flight.
 const TASKS: u64 = 8;
+/// Connections to Redis, each closed by the drop and seen closed by the client on its own.
+const CONNECTIONS: u64 = 2;
 /// The limited key's limit, spent before the drop.
 const LIMIT: u64 = 20;
 /// The counted key's limit: beyond the test's reach.
@@ -40,17 +43,18 @@ struct Tally {
 }
 
 on_both_engines!(
-    one_dropped_connection_under_load_degrades_at_most_the_calls_in_flight,
+    one_dropped_connection_under_load_degrades_only_the_calls_it_cut,
     flavor = "multi_thread",
     worker_threads = 4
 );
-async fn one_dropped_connection_under_load_degrades_at_most_the_calls_in_flight(engine: Engine) {
-    // At most the calls in flight fail: a bound for this load alone.
+async fn one_dropped_connection_under_load_degrades_only_the_calls_it_cut(engine: Engine) {
+    // Only the calls the drop cut fail: a bound for this load alone.
     let _alone = one_variant_at_a_time().await;
     let redis = server(engine);
     let proxy = FaultProxy::start(redis.port());
     let backend = RedisBackend::builder(proxy.url())
         .engine(engine)
+        .connections(CONNECTIONS as usize)
         // As the server's drop test: no healthy call on a loaded machine takes as long.
         .timeout(Duration::from_millis(500))
         // Every answer from Redis, none from the deny cache.
@@ -116,10 +120,12 @@ async fn one_dropped_connection_under_load_degrades_at_most_the_calls_in_flight(
     println!("{after} answers after the drop, {degraded} degraded; {admitted} admitted by Redis");
     assert!(proxy.connections_accepted() > accepted, "the client reconnected");
     assert!(after > 100, "the load went on after the drop: {after} answers");
-    assert!(
-        degraded <= TASKS,
-        "{degraded} degraded answers: more than the {TASKS} calls in flight at the drop"
-    );
+    // Each caller's call in flight at the drop, and its next ones while they go to a connection
+    // whose close the client has not seen yet (the closes arrive one connection at a time): at
+    // most one failed call per caller per connection. Seen: 0 to 8, once 9; an opened breaker
+    // gave 113.
+    let bound = TASKS * CONNECTIONS;
+    assert!(degraded <= bound, "{degraded} degraded answers: more than {bound} (callers x connections)");
     assert_eq!(limiter.breaker_state(), BreakerState::Closed);
 
     // Exact: Redis counted what it admitted, plus at most the failed calls (whose scripts may
