@@ -296,10 +296,12 @@ async fn dropped_connections_under_load_answer_by_the_failure_policy_then_return
     figure("drop_gap_p99", percentile(&gap_times, 0.99));
     figure("drop_return", back - healed);
     assert!(degraded_in_gap > 0, "the gap was felt: {} answers in it", in_gap.len());
-    // One blip costs at most the calls in flight when it hit (eight workers), never a probe
-    // interval of degraded answers (issue 18: 166 and 363 before the breaker counted calls one
-    // fault failed together as one failure).
-    assert!(degraded_in_blip <= 8, "one blip degraded {degraded_in_blip} answers");
+    // One blip costs the calls it cut: each worker's call in flight when it hit, and its next
+    // ones while they go to a connection whose close Tollgate has not seen yet (the backend's
+    // two connections are seen closed one at a time), so at most eight workers x two; never a
+    // probe interval of degraded answers (issue 18: 166 and 363 before the breaker counted
+    // calls one fault failed together as one failure).
+    assert!(degraded_in_blip <= 8 * 2, "one blip degraded {degraded_in_blip} answers");
     // Bounded by the 500 ms timeout (a call waiting on the reconnection), with a margin.
     assert!(percentile(&gap_times, 0.99) < Duration::from_millis(1500), "{gap_times:?}");
     assert!(back - healed < Duration::from_secs(2), "back on Redis within 2 s: {:?}", back - healed);
