@@ -817,18 +817,9 @@ impl Limiter {
         let outcome = outcome(verdict, taken);
         let near = verdict.decision.allowed()
             && verdict.decision.rules().iter().any(|r| r.remaining.saturating_mul(5) < r.limit);
-        match policy.counters.decisions(name, outcome) {
-            Some(decisions) => decisions.increment(1),
-            None => {
-                metrics::counter!(m::DECISIONS, "policy" => Arc::clone(name), "outcome" => outcome.as_str())
-                    .increment(1);
-            }
-        }
+        policy.counters.count_decision(name, outcome);
         if near {
-            match policy.counters.near_limit(name) {
-                Some(near_limit) => near_limit.increment(1),
-                None => metrics::counter!(m::NEAR_LIMIT, "policy" => Arc::clone(name)).increment(1),
-            }
+            policy.counters.count_near_limit(name);
         }
         if verdict.degraded {
             let failure_policy = self.inner.settings.on_failure.as_str();

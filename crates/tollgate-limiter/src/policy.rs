@@ -192,26 +192,26 @@ pub(crate) struct PolicyCounters {
 }
 
 impl PolicyCounters {
-    /// The decisions counter of `outcome` for the policy named `name`; `None` when the policy
-    /// was renamed after its first count (a clone renamed), for the caller to label its own.
-    pub(crate) fn decisions(&self, name: &Arc<str>, outcome: Outcome) -> Option<&Counter> {
-        self.get(
-            name,
-            outcome as usize,
-            || metrics::counter!(m::DECISIONS, "policy" => Arc::clone(name), "outcome" => outcome.as_str()),
-        )
+    /// Counts a decision of `outcome` for the policy named `name`.
+    pub(crate) fn count_decision(&self, name: &Arc<str>, outcome: Outcome) {
+        let register =
+            || metrics::counter!(m::DECISIONS, "policy" => Arc::clone(name), "outcome" => outcome.as_str());
+        self.count(name, outcome as usize, register);
     }
 
-    /// The near-limit counter of the policy named `name`, as [`decisions`](Self::decisions).
-    pub(crate) fn near_limit(&self, name: &Arc<str>) -> Option<&Counter> {
-        self.get(name, 3, || metrics::counter!(m::NEAR_LIMIT, "policy" => Arc::clone(name)))
+    /// Counts an admission that left some rule within a fifth of its limit.
+    pub(crate) fn count_near_limit(&self, name: &Arc<str>) {
+        self.count(name, 3, || metrics::counter!(m::NEAR_LIMIT, "policy" => Arc::clone(name)));
     }
 
-    fn get(&self, name: &Arc<str>, at: usize, register: impl FnOnce() -> Counter) -> Option<&Counter> {
-        if !Arc::ptr_eq(self.name.get_or_init(|| Arc::clone(name)), name) {
-            return None;
+    /// The kept counter at `at`, registered at its first count; when the policy was renamed
+    /// after its first count (a clone renamed), a counter looked up for this count alone.
+    fn count(&self, name: &Arc<str>, at: usize, register: impl Fn() -> Counter) {
+        if Arc::ptr_eq(self.name.get_or_init(|| Arc::clone(name)), name) {
+            self.counters[at].get_or_init(&register).increment(1);
+        } else {
+            register().increment(1);
         }
-        Some(self.counters[at].get_or_init(register))
     }
 }
 
@@ -362,21 +362,38 @@ mod tests {
 
     #[test]
     fn counters_carry_the_name_they_were_made_with() {
-        let rules = RuleSet::new([tollgate_core::Rule::fixed_window(5, Period::SECOND)]).unwrap();
-        let policy = Policy::enforce("a", rules);
-        assert!(policy.counters.decisions(&policy.name, Outcome::Allowed).is_some());
-        // A clone keeps the counters; renamed, it must label its own decisions.
-        let mut renamed = policy.clone();
-        renamed.name = "b".into();
-        assert!(renamed.counters.decisions(&renamed.name, Outcome::Denied).is_none());
-        assert!(renamed.counters.near_limit(&renamed.name).is_none());
-        assert!(policy.counters.decisions(&policy.name, Outcome::Denied).is_some());
-        // A policy never counted takes the name it is first counted under.
-        let mut fresh = Policy::enforce(
-            "c",
-            RuleSet::new([tollgate_core::Rule::fixed_window(1, Period::SECOND)]).unwrap(),
-        );
-        fresh.name = "d".into();
-        assert!(fresh.counters.near_limit(&fresh.name).is_some());
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let rules = RuleSet::new([tollgate_core::Rule::fixed_window(5, Period::SECOND)]).unwrap();
+            let policy = Policy::enforce("a", rules);
+            policy.counters.count_decision(&policy.name, Outcome::Allowed);
+            // A clone keeps the counters; renamed, it labels its own decisions.
+            let mut renamed = policy.clone();
+            renamed.name = "b".into();
+            renamed.counters.count_decision(&renamed.name, Outcome::Denied);
+            renamed.counters.count_near_limit(&renamed.name);
+            renamed.counters.count_near_limit(&renamed.name);
+            policy.counters.count_decision(&policy.name, Outcome::Allowed);
+            // A policy never counted takes the name it is first counted under.
+            let mut fresh = Policy::enforce(
+                "c",
+                RuleSet::new([tollgate_core::Rule::fixed_window(1, Period::SECOND)]).unwrap(),
+            );
+            fresh.name = "d".into();
+            fresh.counters.count_near_limit(&fresh.name);
+        });
+        let text = handle.render();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).collect();
+        let mut expected = vec![
+            format!(r#"{}{{policy="a",outcome="allowed"}} 2"#, m::DECISIONS),
+            format!(r#"{}{{policy="b",outcome="denied"}} 1"#, m::DECISIONS),
+            format!(r#"{}{{policy="b"}} 2"#, m::NEAR_LIMIT),
+            format!(r#"{}{{policy="d"}} 1"#, m::NEAR_LIMIT),
+        ];
+        let mut lines: Vec<String> = lines.into_iter().map(str::to_owned).collect();
+        lines.sort();
+        expected.sort();
+        assert_eq!(lines, expected, "{text}");
     }
 }
