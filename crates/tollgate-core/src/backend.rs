@@ -30,6 +30,20 @@ pub trait Backend: Send + Sync {
     /// Runs `op` on `key`'s state under `rules`, atomically.
     async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error>;
 
+    /// [`execute`](Backend::execute) without awaiting, for a backend that decides in process
+    /// (the memory backend); `None`, the default, for one that must await I/O, whose callers
+    /// then await `execute`. A caller on the hot path tries this first and so spares the
+    /// in-process answer `execute`'s boxed future.
+    fn try_execute_now(
+        &self,
+        key: &str,
+        rules: &RuleSet,
+        op: Operation<'_>,
+    ) -> Option<Result<Decision, Error>> {
+        let _ = (key, rules, op);
+        None
+    }
+
     /// Forgets `key`'s state under `rules` (every rule back to full; leases dropped).
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error>;
 

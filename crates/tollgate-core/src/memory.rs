@@ -622,6 +622,15 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         self.execute_now(key, rules, op)
     }
 
+    fn try_execute_now(
+        &self,
+        key: &str,
+        rules: &RuleSet,
+        op: Operation<'_>,
+    ) -> Option<Result<Decision, Error>> {
+        Some(self.execute_now(key, rules, op))
+    }
+
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
         self.reset_now(key, rules)
     }

@@ -280,11 +280,55 @@ impl Limiter {
     /// Under a policy with [`Reserve`](crate::Reserve) on, a hot key is answered from a block
     /// of units reserved in advance (see [`reserve`](crate::reserve)).
     pub async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Verdict, LimitError> {
+        if let Some(answered) = self.check_now(key, policy, cost) {
+            return answered;
+        }
         let span = self.decision_span("check", || policy.name.to_string(), 1, cost);
         if span.is_disabled() {
             return self.check_untraced(key, policy, cost).await;
         }
         traced(span, self.check_untraced(key, policy, cost), |v| (outcome(v, true), v.degraded)).await
+    }
+
+    /// [`check`](Self::check) answered without awaiting, where it can be: on a backend that
+    /// decides in process ([`Backend::try_execute_now`]: the memory backend), or by the failure
+    /// policy while the breaker is open, under a policy that neither reserves nor delays, with
+    /// no decision span wanted. `None` otherwise, having asked and counted nothing: the caller
+    /// then awaits `check`, which answers alike. A caller on the hot path (the tower layer)
+    /// spares the in-process answer a future.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate_core::{MemoryBackend, Period, Rule, RuleSet};
+    /// use tollgate_limiter::{Limiter, LimiterSettings, Policy};
+    ///
+    /// let limiter = Limiter::new(Arc::new(MemoryBackend::new()), "memory", LimiterSettings::default());
+    /// let policy = Policy::enforce("p", RuleSet::new([Rule::fixed_window(1, Period::MINUTE)]).unwrap());
+    /// assert!(limiter.check_now("k", &policy, 1).unwrap().unwrap().allowed());
+    /// assert!(!limiter.check_now("k", &policy, 1).unwrap().unwrap().allowed());
+    /// ```
+    pub fn check_now(&self, key: &str, policy: &Policy, cost: u64) -> Option<Result<Verdict, LimitError>> {
+        let reserves = policy.reserve.is_on() && cost > 0;
+        if reserves || matches!(policy.on_limit, OnLimit::Delay { .. }) || debug_spans_wanted() {
+            return None;
+        }
+        let (rules, op) = (&policy.rules, Operation::Check { cost });
+        // Refused before the backend, as `decide` does.
+        if let Err(e) = op.validate(key, rules) {
+            return Some(Err(LimitError::Invalid(e)));
+        }
+        let primary = &*self.inner.primary;
+        let decided = self.answer_now(
+            || primary.try_execute_now(key, rules, op),
+            || Decision::admitted_unchecked(rules),
+            |fallback| fallback.execute_now(key, rules, op),
+        )?;
+        let verdict = match decided {
+            Ok(decided) => self.verdict(policy, decided),
+            Err(e) => return Some(Err(e)),
+        };
+        self.record(key, policy, cost, &verdict, true);
+        Some(Ok(verdict))
     }
 
     /// [`check`](Self::check) itself, outside its span.
@@ -838,8 +882,15 @@ impl Limiter {
     ) -> Result<(Decision, bool), LimitError> {
         // Bad input is refused here, so it never counts as a backend failure nor reaches one.
         op.validate(key, rules).map_err(LimitError::Invalid)?;
+        let primary = &*self.inner.primary;
+        let decided = async move {
+            match primary.try_execute_now(key, rules, op) {
+                Some(decided) => decided,
+                None => primary.execute(key, rules, op).await,
+            }
+        };
         self.answer(
-            self.inner.primary.execute(key, rules, op),
+            decided,
             || Decision::admitted_unchecked(rules),
             |fallback| fallback.execute_now(key, rules, op),
         )
@@ -894,31 +945,81 @@ impl Limiter {
                 result
             };
             inner.backend_seconds.record(inner.timer.now().saturating_duration_since(start).as_secs_f64());
-            match result {
-                Ok(answer) => {
-                    inner.breaker.record_success();
-                    return Ok((answer, false));
-                }
-                Err(e) if !e.is_backend_failure() => return Err(LimitError::Invalid(e)),
-                Err(e) => {
-                    let backend = Arc::clone(&inner.backend_name);
-                    metrics::counter!(m::BACKEND_ERRORS, "backend" => backend, "kind" => error_kind(&e))
-                        .increment(1);
-                    if inner.breaker.record_failure(ticket) {
-                        tracing::warn!(backend = %inner.backend_name, error = %e,
-                            "backend failing; circuit breaker open, answering by the failure policy");
-                        self.spawn_probe();
-                    }
-                    e
-                }
+            match self.settle(result, ticket) {
+                Ok(answer) => return Ok((answer, false)),
+                Err(Failure::Invalid(e)) => return Err(LimitError::Invalid(e)),
+                Err(Failure::Backend(e)) => e,
             }
         } else {
-            Error::Unavailable("circuit breaker open: the backend failed and is being probed".into())
+            breaker_open()
         };
-        match inner.settings.on_failure {
+        self.by_failure_policy(failure, open, local)
+    }
+
+    /// [`answer`](Self::answer) from a backend that answers at once
+    /// ([`Backend::try_execute_now`]), so without awaiting; `None` when the primary backend
+    /// must be awaited (and nothing was asked of it).
+    fn answer_now<T>(
+        &self,
+        primary: impl FnOnce() -> Option<Result<T, Error>>,
+        open: impl FnOnce() -> T,
+        local: impl FnOnce(&MemoryBackend) -> Result<T, Error>,
+    ) -> Option<Result<(T, bool), LimitError>> {
+        let inner = &self.inner;
+        let failure = if inner.breaker.state() == BreakerState::Closed {
+            let ticket = inner.breaker.ticket();
+            let start = inner.timer.now();
+            let result = primary()?;
+            inner.backend_seconds.record(inner.timer.now().saturating_duration_since(start).as_secs_f64());
+            match self.settle(result, ticket) {
+                Ok(answer) => return Some(Ok((answer, false))),
+                Err(Failure::Invalid(e)) => return Some(Err(LimitError::Invalid(e))),
+                Err(Failure::Backend(e)) => e,
+            }
+        } else {
+            breaker_open()
+        };
+        Some(self.by_failure_policy(failure, open, local))
+    }
+
+    /// The primary backend's result (of a call that started with `ticket`) told to the
+    /// breaker: a success closes the run of failures, a backend failure is counted (and
+    /// opens the breaker at its threshold), refused input is neither.
+    fn settle<T>(&self, result: Result<T, Error>, ticket: u64) -> Result<T, Failure> {
+        let inner = &self.inner;
+        match result {
+            Ok(answer) => {
+                inner.breaker.record_success();
+                Ok(answer)
+            }
+            Err(e) if !e.is_backend_failure() => Err(Failure::Invalid(e)),
+            Err(e) => {
+                let backend = Arc::clone(&inner.backend_name);
+                metrics::counter!(m::BACKEND_ERRORS, "backend" => backend, "kind" => error_kind(&e))
+                    .increment(1);
+                if inner.breaker.record_failure(ticket) {
+                    tracing::warn!(backend = %inner.backend_name, error = %e,
+                        "backend failing; circuit breaker open, answering by the failure policy");
+                    self.spawn_probe();
+                }
+                Err(Failure::Backend(e))
+            }
+        }
+    }
+
+    /// The failure policy's answer, the primary backend having failed with `failure` (or its
+    /// breaker being open): `open()` admits, `local` decides on the in-process fallback,
+    /// `closed` refuses.
+    fn by_failure_policy<T>(
+        &self,
+        failure: Error,
+        open: impl FnOnce() -> T,
+        local: impl FnOnce(&MemoryBackend) -> Result<T, Error>,
+    ) -> Result<(T, bool), LimitError> {
+        match self.inner.settings.on_failure {
             FailurePolicy::Open => Ok((open(), true)),
             FailurePolicy::Closed => Err(LimitError::Unavailable(failure)),
-            FailurePolicy::Local => Ok((local(&inner.fallback).map_err(LimitError::Invalid)?, true)),
+            FailurePolicy::Local => Ok((local(&self.inner.fallback).map_err(LimitError::Invalid)?, true)),
         }
     }
 
@@ -983,6 +1084,19 @@ impl Limiter {
             }
         });
     }
+}
+
+/// Why the primary backend gave no answer.
+enum Failure {
+    /// The input was refused (not the backend's fault: the breaker does not count it).
+    Invalid(Error),
+    /// The backend failed.
+    Backend(Error),
+}
+
+/// What an open breaker answers in the backend's place.
+fn breaker_open() -> Error {
+    Error::Unavailable("circuit breaker open: the backend failed and is being probed".into())
 }
 
 /// Whether a subscriber may want the DEBUG spans (a decision's, a backend call's). Asked before

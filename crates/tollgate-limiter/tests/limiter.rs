@@ -26,11 +26,16 @@ impl Clock for TokioClock {
     }
 }
 
-/// A memory backend that fails on demand, counting the calls it gets.
+/// A memory backend that fails on demand, counting the calls it gets; with `at_once` set it
+/// also answers checks without awaiting ([`Backend::try_execute_now`]), as the memory backend
+/// does.
 struct Flaky {
     inner: MemoryBackend<TokioClock>,
     down: AtomicBool,
     calls: AtomicUsize,
+    at_once: AtomicBool,
+    /// Calls of `execute` (awaited).
+    awaited: AtomicUsize,
 }
 
 impl Flaky {
@@ -43,6 +48,8 @@ impl Flaky {
             inner: MemoryBackend::with_clock(clock),
             down: AtomicBool::new(false),
             calls: AtomicUsize::new(0),
+            at_once: AtomicBool::new(false),
+            awaited: AtomicUsize::new(0),
         })
     }
 
@@ -55,8 +62,19 @@ impl Flaky {
 #[async_trait]
 impl Backend for Flaky {
     async fn execute(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
+        self.awaited.fetch_add(1, Ordering::Relaxed);
         self.fail()?;
         self.inner.execute_now(key, rules, op)
+    }
+    fn try_execute_now(
+        &self,
+        key: &str,
+        rules: &RuleSet,
+        op: Operation<'_>,
+    ) -> Option<Result<Decision, Error>> {
+        self.at_once
+            .load(Ordering::Relaxed)
+            .then(|| self.fail().and_then(|()| self.inner.execute_now(key, rules, op)))
     }
     async fn check_planned(&self, batch: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
         self.fail()?;
@@ -92,6 +110,44 @@ async fn local_fallback_decides_with_the_same_rules_and_says_degraded() {
     assert!(limiter.check("k", &p, 1).await.unwrap().allowed());
     let v = limiter.check("k", &p, 1).await.unwrap();
     assert!(v.degraded && !v.allowed(), "the local limiter enforces the limit too");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_at_once_is_taken_as_awaited_ones_are_and_fails_alike() {
+    let backend = Flaky::new();
+    backend.at_once.store(true, Ordering::Relaxed);
+    let settings = LimiterSettings {
+        on_failure: FailurePolicy::Local,
+        failure_threshold: 2,
+        ..LimiterSettings::default()
+    };
+    let limiter = Limiter::new(backend.clone(), "flaky", settings);
+    let p = policy(3);
+    let v = limiter.check("k", &p, 1).await.unwrap();
+    assert!(v.allowed() && !v.degraded);
+    assert_eq!(v.decision.remaining(), 2);
+    assert_eq!(backend.awaited.load(Ordering::Relaxed), 0, "answered without `execute`");
+    // Failures at once count as awaited ones do: answered by the failure policy, and the
+    // breaker opens at its threshold.
+    backend.down.store(true, Ordering::Relaxed);
+    for _ in 0..2 {
+        let v = limiter.check("k", &p, 1).await.unwrap();
+        assert!(v.degraded && v.allowed());
+    }
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    let asked = backend.calls.load(Ordering::Relaxed);
+    for _ in 0..10 {
+        assert!(limiter.check("k", &p, 1).await.unwrap().degraded);
+    }
+    // Only the probe (its `ping`) may have called.
+    assert!(backend.calls.load(Ordering::Relaxed) <= asked + 1, "an open breaker asks nothing");
+    // A backend that cannot answer at once is awaited.
+    backend.at_once.store(false, Ordering::Relaxed);
+    backend.down.store(false, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+    assert!(!limiter.check("k", &p, 1).await.unwrap().degraded);
+    assert_eq!(backend.awaited.load(Ordering::Relaxed), 1);
 }
 
 #[tokio::test(start_paused = true)]
