@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, header};
+use pin_project_lite::pin_project;
 use tollgate_core::Decision;
 use tollgate_http::ResetHeader;
 use tollgate_http::headers::{ceil_secs, policy_header, rate_limit_headers};
@@ -284,6 +285,14 @@ enum Gate {
     Answer(Problem, HeaderMap),
 }
 
+/// What the layer knows of a request before asking the limiter.
+enum Prepared<'a> {
+    /// Decided already: passed (exempt, unrouted) or answered (a bad path, an unreadable key).
+    Gate(Gate),
+    /// To be checked: `key` under `policy`.
+    Check { policy: &'a Arc<Policy>, key: String },
+}
+
 fn is_preflight<B>(req: &Request<B>) -> bool {
     req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
 }
@@ -325,45 +334,62 @@ impl LayerSettings {
         Ok(route_key(&canonical, self.path_case).into_owned())
     }
 
-    /// Decides on `req`, handing it back for the inner service.
-    async fn gate<B>(&self, mut req: Request<B>) -> (Request<B>, Gate) {
+    /// What the layer knows of `req` before asking the limiter: passed or answered already, or
+    /// to be checked under a policy with a key. Hands `req` back for the inner service.
+    fn prepare<B>(&self, mut req: Request<B>) -> (Request<B>, Prepared<'_>) {
         // First, so that even an exempt or preflight request reaches the service only by its
         // canonical path.
         let path = match self.route_path(&mut req) {
             Ok(path) => path,
-            Err(e) => return (req, Gate::Answer(Problem::invalid("path", e.to_string()), HeaderMap::new())),
+            Err(e) => {
+                let answer = Gate::Answer(Problem::invalid("path", e.to_string()), HeaderMap::new());
+                return (req, Prepared::Gate(answer));
+            }
         };
         if self.exempt_preflight && is_preflight(&req) {
-            return (req, Gate::Pass);
+            return (req, Prepared::Gate(Gate::Pass));
         }
         let (policy, key) = match self.routes.find(&path, req.method()) {
-            Some(Action::Exempt) => return (req, Gate::Pass),
+            Some(Action::Exempt) => return (req, Prepared::Gate(Gate::Pass)),
             Some(Action::Limit { policy, key }) => (policy, key.as_ref().unwrap_or(&self.key)),
             None => match &self.default {
                 Some(policy) => (policy, &self.key),
-                None => return (req, Gate::Pass),
+                None => return (req, Prepared::Gate(Gate::Pass)),
             },
         };
         // The extractors read the request's head; taking it apart and back is only moves.
         let (parts, body) = req.into_parts();
         let extracted = key.extract(&parts);
         let req = Request::from_parts(parts, body);
-        (req, self.decide(policy, extracted).await)
-    }
-
-    async fn decide(
-        &self,
-        policy: &Arc<Policy>,
-        extracted: Result<String, (crate::ExtractError, crate::Rejection)>,
-    ) -> Gate {
-        let key = match extracted {
-            Ok(key) => key,
+        let prepared = match extracted {
+            Ok(key) => Prepared::Check { policy, key },
             Err((e, rejection)) => {
                 tracing::debug!(error = %e, policy = %policy.name, "rate-limit key unreadable");
-                return Gate::Answer(key_refused(rejection.status(), e.to_string()), HeaderMap::new());
+                Prepared::Gate(Gate::Answer(key_refused(rejection.status(), e.to_string()), HeaderMap::new()))
             }
         };
-        let verdict = match self.limiter.check(&policy_key(&policy.name, &key), policy, 1).await {
+        (req, prepared)
+    }
+
+    /// The check of `key` under `policy`, answered without awaiting where the limiter can
+    /// ([`Limiter::check_now`]: an in-process backend); `None` when it must be awaited
+    /// ([`decide`](Self::decide)).
+    fn decide_now(&self, policy: &Arc<Policy>, key: String) -> Result<Gate, String> {
+        match self.limiter.check_now(&policy_key(&policy.name, &key), policy, 1) {
+            Some(checked) => Ok(self.gate_of(policy, key, checked)),
+            None => Err(key),
+        }
+    }
+
+    /// The check of `key` under `policy`, awaited.
+    async fn decide(&self, policy: &Arc<Policy>, key: String) -> Gate {
+        let checked = self.limiter.check(&policy_key(&policy.name, &key), policy, 1).await;
+        self.gate_of(policy, key, checked)
+    }
+
+    /// What the layer does with a request whose check of `key` under `policy` gave `checked`.
+    fn gate_of(&self, policy: &Arc<Policy>, key: String, checked: Result<Verdict, LimitError>) -> Gate {
+        let verdict = match checked {
             Ok(v) => v,
             Err(LimitError::Unavailable(e)) => {
                 let mut headers = HeaderMap::new();
@@ -403,6 +429,98 @@ impl LayerSettings {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
+pin_project! {
+    /// The future a [`Tollgate`] service answers with: the inner service's response with the
+    /// rate-limit headers written into it, or the layer's own answer. Decided before it is
+    /// returned wherever the limiter answers at once (an in-process backend); a boxed future
+    /// only where the check must be awaited (a remote backend).
+    pub struct ResponseFuture<F, ResBody, E> {
+        #[pin]
+        state: State<F, ResBody, E>,
+    }
+}
+
+pin_project! {
+    #[project = StateProjection]
+    enum State<F, ResBody, E> {
+        /// The inner service's response to come; the headers of an admission to write into it.
+        Inner { #[pin] future: F, admitted: Option<Admitted> },
+        /// The layer's own answer.
+        Answered { response: Option<Response<ResponseBody<ResBody>>> },
+        /// The check awaited first.
+        Deciding { future: BoxFuture<Result<Response<ResponseBody<ResBody>>, E>> },
+    }
+}
+
+/// An admission's rate-limit headers, written once the inner service answers.
+struct Admitted {
+    shared: Arc<LayerSettings>,
+    policy: Arc<Policy>,
+    decision: Decision,
+}
+
+impl<F, ResBody, E> Future for ResponseFuture<F, ResBody, E>
+where
+    F: Future<Output = Result<Response<ResBody>, E>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProjection::Inner { future, admitted } => {
+                let mut response = std::task::ready!(future.poll(cx))?.map(ResponseBody::inner);
+                if let Some(Admitted { shared, policy, decision }) = admitted.take() {
+                    shared.write_headers(response.headers_mut(), &policy, &decision, false);
+                }
+                Poll::Ready(Ok(response))
+            }
+            StateProjection::Answered { response } => Poll::Ready(Ok(response
+                .take()
+                .expect("a Tollgate response future polled after it completed"))),
+            StateProjection::Deciding { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<F, ResBody, E> std::fmt::Debug for ResponseFuture<F, ResBody, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+/// What the layer's `gate` means for `req`: the inner service called (with the admission's
+/// headers to write) or the layer's own answer.
+fn respond<S, B, ResBody>(
+    shared: &Arc<LayerSettings>,
+    inner: &mut S,
+    mut req: Request<B>,
+    gate: Gate,
+) -> ResponseFuture<S::Future, ResBody, S::Error>
+where
+    S: tower::Service<Request<B>, Response = Response<ResBody>>,
+{
+    let state = match gate {
+        Gate::Pass => State::Inner { future: inner.call(req), admitted: None },
+        Gate::Admit(info) => {
+            let admitted = Admitted {
+                shared: Arc::clone(shared),
+                policy: Arc::clone(&info.policy),
+                decision: info.verdict.decision.clone(),
+            };
+            req.extensions_mut().insert(info);
+            State::Inner { future: inner.call(req), admitted: Some(admitted) }
+        }
+        Gate::Answer(problem, headers) => {
+            let mut response = answer(problem, is_grpc(req.headers()), headers);
+            if let Some(cors) = &shared.cors {
+                cors.apply(response.headers_mut(), req.headers().get(header::ORIGIN));
+            }
+            State::Answered { response: Some(response) }
+        }
+    };
+    ResponseFuture { state }
+}
+
 impl<S, B, ResBody> tower::Service<Request<B>> for Tollgate<S>
 where
     S: tower::Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -413,38 +531,32 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        // The service that was polled ready is the one to call; a fresh clone takes its place.
+        let shared = &self.shared;
+        let (req, prepared) = shared.prepare(req);
+        let (policy, key) = match prepared {
+            Prepared::Gate(gate) => return respond(shared, &mut self.inner, req, gate),
+            Prepared::Check { policy, key } => (policy, key),
+        };
+        let key = match shared.decide_now(policy, key) {
+            Ok(gate) => return respond(shared, &mut self.inner, req, gate),
+            Err(key) => key,
+        };
+        // Awaited: the service that was polled ready is the one to call once decided; a fresh
+        // clone takes its place.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let shared = Arc::clone(&self.shared);
-        Box::pin(async move {
-            let grpc = is_grpc(req.headers());
-            let origin = req.headers().get(header::ORIGIN).cloned();
-            let (mut req, gate) = shared.gate(req).await;
-            match gate {
-                Gate::Pass => Ok(inner.call(req).await?.map(ResponseBody::inner)),
-                Gate::Admit(info) => {
-                    let (policy, decision) = (Arc::clone(&info.policy), info.verdict.decision.clone());
-                    req.extensions_mut().insert(info);
-                    let mut response = inner.call(req).await?.map(ResponseBody::inner);
-                    shared.write_headers(response.headers_mut(), &policy, &decision, false);
-                    Ok(response)
-                }
-                Gate::Answer(problem, headers) => {
-                    let mut response = answer(problem, grpc, headers);
-                    if let Some(cors) = &shared.cors {
-                        cors.apply(response.headers_mut(), origin.as_ref());
-                    }
-                    Ok(response)
-                }
-            }
-        })
+        let (shared, policy) = (Arc::clone(shared), Arc::clone(policy));
+        let future = Box::pin(async move {
+            let gate = shared.decide(&policy, key).await;
+            respond(&shared, &mut inner, req, gate).await
+        });
+        ResponseFuture { state: State::Deciding { future } }
     }
 }

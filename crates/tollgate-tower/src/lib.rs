@@ -85,7 +85,7 @@ pub use config::{RoutesConfig, RoutesConfigError};
 pub use key::{
     CidrError, ExtractError, ForwardedHeader, IpGrouping, Key, Rejection, TrustedProxies, peer_addr,
 };
-pub use layer::{BuildError, Builder, RateLimitInfo, Tollgate, TollgateLayer};
+pub use layer::{BuildError, Builder, RateLimitInfo, ResponseFuture, Tollgate, TollgateLayer};
 pub use path::{NonCanonicalPaths, PathCase, PathError};
 #[cfg(feature = "remote")]
 pub use remote::{MAX_REMOTE_RULES, RemoteBackend};
