@@ -95,8 +95,8 @@ const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 const STATE: HeaderName = HeaderName::from_static("ratelimit");
 
 /// `RateLimit-Policy` for `rules` (one item per rule: its name, quota and window). It depends
-/// on the rules alone, so a caller whose rules are fixed (the tower layer) computes it once and
-/// hands it to [`rate_limit_headers`].
+/// on the rules alone, so a caller whose rules are fixed (the tower layer) computes it once, in
+/// [`FixedHeaders`].
 pub fn policy_header(rules: &RuleSet) -> Option<HeaderValue> {
     let mut policy = String::with_capacity(32 * rules.len());
     for (index, (rule, outcome)) in rules.rules().zip(Decision::admitted_unchecked(rules).rules()).enumerate()
@@ -115,16 +115,47 @@ pub fn policy_header(rules: &RuleSet) -> Option<HeaderValue> {
     HeaderValue::try_from(policy).ok()
 }
 
+/// The header values that depend on a rule set alone, made once by a caller whose rules are
+/// fixed (the tower layer) and handed to [`rate_limit_headers`]: `RateLimit-Policy`, and each
+/// rule's limit for `X-RateLimit-Limit`. A kept value is cloned into a response (a reference
+/// count), not formatted into a new allocation.
+#[derive(Clone, Debug)]
+pub struct FixedHeaders {
+    policy: Option<HeaderValue>,
+    /// Each rule's limit, and its header value.
+    limits: Vec<(u64, HeaderValue)>,
+}
+
+impl FixedHeaders {
+    /// The fixed headers of `rules`.
+    pub fn new(rules: &RuleSet) -> Self {
+        let limits = Decision::admitted_unchecked(rules)
+            .rules()
+            .iter()
+            .map(|outcome| (outcome.limit, HeaderValue::from(outcome.limit)))
+            .collect();
+        FixedHeaders { policy: policy_header(rules), limits }
+    }
+
+    /// The `X-RateLimit-Limit` value of `limit`.
+    fn limit(&self, limit: u64) -> HeaderValue {
+        match self.limits.iter().find(|(l, _)| *l == limit) {
+            Some((_, value)) => value.clone(),
+            None => HeaderValue::from(limit),
+        }
+    }
+}
+
 /// Writes the headers describing `decision` under `rules` into `headers`; `denied` adds
-/// `Retry-After` (whole seconds, rounded up, at least 1). `policy` is [`policy_header`]`(rules)`
-/// when the caller keeps it, else it is computed here.
+/// `Retry-After` (whole seconds, rounded up, at least 1). `fixed` is [`FixedHeaders::new`]`(rules)`
+/// when the caller keeps it, else what it holds is computed here.
 pub fn rate_limit_headers(
     headers: &mut HeaderMap,
     rules: &RuleSet,
     decision: &Decision,
     reset: ResetHeader,
     denied: bool,
-    policy: Option<&HeaderValue>,
+    fixed: Option<&FixedHeaders>,
 ) {
     let reset_secs = ceil_secs(decision.reset_after());
     let reset_value = match reset {
@@ -137,13 +168,19 @@ pub fn rate_limit_headers(
     // Room for every header below at once: growing the map one insert at a time rehashes it
     // several times (the most expensive part of writing them).
     headers.reserve(6);
-    headers.insert(X_LIMIT, HeaderValue::from(decision.limit()));
+    let limit = match fixed {
+        Some(fixed) => fixed.limit(decision.limit()),
+        None => HeaderValue::from(decision.limit()),
+    };
+    headers.insert(X_LIMIT, limit);
     headers.insert(X_REMAINING, HeaderValue::from(decision.remaining()));
     headers.insert(X_RESET, HeaderValue::from(reset_value));
 
-    match policy {
-        Some(policy) => {
-            headers.insert(POLICY, policy.clone());
+    match fixed {
+        Some(fixed) => {
+            if let Some(policy) = &fixed.policy {
+                headers.insert(POLICY, policy.clone());
+            }
         }
         None => {
             if let Some(policy) = policy_header(rules) {
@@ -200,6 +237,32 @@ mod tests {
         assert_eq!(h["x-ratelimit-remaining"], "0");
         assert_eq!(h["retry-after"], "1");
         assert_eq!(ceil_secs(Duration::from_millis(1001)), 2);
+    }
+
+    #[test]
+    fn kept_fixed_headers_write_what_computing_them_writes() {
+        let rules = RuleSet::new([
+            Rule::fixed_window(3, Period::SECOND).named("a"),
+            Rule::fixed_window(50, Period::MINUTE),
+        ])
+        .unwrap();
+        let fixed = FixedHeaders::new(&rules);
+        let backend = MemoryBackend::with_clock(ManualClock::at_wall_clock_second());
+        // Admitted with the first rule binding, then denied by it; then a decision whose
+        // binding limit the kept values lack (a caller's mismatched rules) is still right.
+        for cost in [1, 1, 1, 1] {
+            let d = backend.execute_now("k", &rules, Operation::Check { cost }).unwrap();
+            let (mut computed, mut kept) = (HeaderMap::new(), HeaderMap::new());
+            rate_limit_headers(&mut computed, &rules, &d, ResetHeader::Delta, !d.allowed(), None);
+            rate_limit_headers(&mut kept, &rules, &d, ResetHeader::Delta, !d.allowed(), Some(&fixed));
+            assert_eq!(computed, kept);
+            assert_eq!(kept["x-ratelimit-limit"], "3");
+        }
+        let other = RuleSet::new([Rule::fixed_window(7, Period::SECOND)]).unwrap();
+        let d = backend.execute_now("k", &other, Operation::Check { cost: 1 }).unwrap();
+        let mut h = HeaderMap::new();
+        rate_limit_headers(&mut h, &other, &d, ResetHeader::Delta, false, Some(&fixed));
+        assert_eq!(h["x-ratelimit-limit"], "7");
     }
 
     #[test]

@@ -74,6 +74,26 @@ pub fn policy_key(policy: &str, key: &str) -> String {
     }
 }
 
+/// Calls `f` with [`policy_key`]`(policy, key)`, written into a buffer this thread keeps rather
+/// than a new `String`: for a caller that needs the key only while it decides synchronously
+/// (the tower layer on an in-process backend).
+pub fn with_policy_key<R>(policy: &str, key: &str, f: impl FnOnce(&str) -> R) -> R {
+    thread_local! {
+        static BUFFER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    BUFFER.with(|buffer| match buffer.try_borrow_mut() {
+        Ok(mut full) if policy.len() + 1 + key.len() <= MAX_KEY_BYTES => {
+            full.clear();
+            full.push_str(policy);
+            full.push(':');
+            full.push_str(key);
+            f(&full)
+        }
+        // Too long (hashed), or `f` itself asked for a key: a `String` of its own.
+        _ => f(&policy_key(policy, key)),
+    })
+}
+
 /// A secret (a header value, a bearer token) as it may appear in a key: the first 128 bits of
 /// its SHA-256, in hex. Secrets must not land in a backend, and a key has a bounded length.
 pub fn secret_digest(secret: &[u8]) -> String {
@@ -115,6 +135,21 @@ mod tests {
         assert!(envoy.starts_with(ENVOY_HASHED_PREFIX) && envoy.len() <= MAX_KEY_BYTES);
         let scoped = policy_key("p", &long);
         assert!(scoped.starts_with("p:sha256:") && scoped.len() <= MAX_KEY_BYTES);
+    }
+
+    #[test]
+    fn a_key_in_the_kept_buffer_is_the_key_itself() {
+        let at_bound = "x".repeat(MAX_KEY_BYTES - 2);
+        let over = "x".repeat(MAX_KEY_BYTES - 1);
+        for key in ["k", "", &at_bound, &over, "y"] {
+            with_policy_key("p", key, |scoped| assert_eq!(scoped, policy_key("p", key)));
+        }
+        assert_eq!(with_policy_key("p", &at_bound, str::len), MAX_KEY_BYTES);
+        // A key asked for while another is in use is its own.
+        with_policy_key("p", "outer", |outer| {
+            with_policy_key("q", "inner", |inner| assert_eq!(inner, "q:inner"));
+            assert_eq!(outer, "p:outer");
+        });
     }
 
     #[test]

@@ -12,9 +12,9 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, header};
 use pin_project_lite::pin_project;
 use tollgate_core::Decision;
-use tollgate_http::ResetHeader;
-use tollgate_http::headers::{ceil_secs, policy_header, rate_limit_headers};
-use tollgate_limiter::keyspace::policy_key;
+use tollgate_http::headers::{ceil_secs, rate_limit_headers};
+use tollgate_http::{FixedHeaders, ResetHeader};
+use tollgate_limiter::keyspace::{policy_key, with_policy_key};
 use tollgate_limiter::{LimitError, Limiter, Policy, Verdict};
 
 use crate::path::{PathError, Spelling, canonicalize, route_key, upper_case_escapes};
@@ -73,8 +73,8 @@ struct LayerSettings {
     reset: ResetHeader,
     non_canonical_paths: NonCanonicalPaths,
     path_case: PathCase,
-    /// Each policy's `RateLimit-Policy` header, by [`policy_id`]: it depends on the rules alone.
-    policy_headers: HashMap<usize, HeaderValue, foldhash::fast::RandomState>,
+    /// Each policy's header values that depend on its rules alone, by [`policy_id`].
+    policy_headers: HashMap<usize, FixedHeaders, foldhash::fast::RandomState>,
 }
 
 /// A policy's identity in [`LayerSettings::policy_headers`]: where its `Arc` points (the layer
@@ -179,7 +179,7 @@ impl Builder {
                 Action::Exempt => None,
             })
             .chain(&self.default)
-            .filter_map(|p| Some((policy_id(p), policy_header(&p.rules)?)))
+            .map(|p| (policy_id(p), FixedHeaders::new(&p.rules)))
             .collect();
         let shared = LayerSettings {
             policy_headers,
@@ -375,7 +375,7 @@ impl LayerSettings {
     /// ([`Limiter::check_now`]: an in-process backend); `None` when it must be awaited
     /// ([`decide`](Self::decide)).
     fn decide_now(&self, policy: &Arc<Policy>, key: String) -> Result<Gate, String> {
-        match self.limiter.check_now(&policy_key(&policy.name, &key), policy, 1) {
+        match with_policy_key(&policy.name, &key, |scoped| self.limiter.check_now(scoped, policy, 1)) {
             Some(checked) => Ok(self.gate_of(policy, key, checked)),
             None => Err(key),
         }
@@ -413,8 +413,8 @@ impl LayerSettings {
         }
     }
 
-    /// The rate-limit headers of `decision` under `policy`, its `RateLimit-Policy` computed
-    /// when the layer was built.
+    /// The rate-limit headers of `decision` under `policy`, those that depend on its rules
+    /// alone made when the layer was built.
     fn write_headers(
         &self,
         headers: &mut HeaderMap,
