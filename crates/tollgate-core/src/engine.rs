@@ -11,37 +11,36 @@
 //!
 //! The engine never knows where states live: it reaches them through [`States`], by their
 //! index in the group's plan. Nor does it know where the plan came from: [`phases`] runs any
-//! [`Group`]. The memory backend runs a [`GroupPlan`] over its map ([`run`], [`run_group`]);
+//! [`Group`]. The memory backend runs a [`GroupPlan`] over its map ([`run`], [`run_group`]; a
+//! set of one rule [`run_one`], its algorithm matched once, [`AnyAlgorithm::visit`]);
 //! [`crate::script::execute`] runs a plan read from a script call's arguments over states read
 //! from Redis (in a module).
 
 use smallvec::SmallVec;
 
-use crate::algorithm::{Admission, AnyAlgorithm, Report, State};
+use crate::algorithm::{Admission, Algorithm, AnyAlgorithm, Machine, Report, State, Visit};
 use crate::decision::{LeaseId, Outcomes};
 use crate::plan::GroupPlan;
 use crate::{Decision, Operation, RuleSet};
 
 /// Access to the states of a group, by their index in its plan.
-pub(crate) trait States {
+pub(crate) trait States<S = State> {
     /// The state at `index`, loaded (or no state at all, of the planned rule's algorithm).
-    fn get(&mut self, index: usize) -> &mut State;
+    fn get(&mut self, index: usize) -> &mut S;
 }
 
 /// One state a group works on, as the engine needs it: its rule's algorithm, the units the
 /// group's parts ask of it together, and the lease an acquire takes them under.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Demand<'a> {
-    pub algorithm: &'a AnyAlgorithm,
+pub(crate) struct Demand<'a, M = AnyAlgorithm> {
+    pub algorithm: &'a M,
     pub units: u64,
     pub lease: Option<&'a LeaseId>,
 }
 
 /// One rule of one part of a group (an *entry*): its algorithm, the index of its state, and its
 /// part's operation.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Entry<'a> {
-    pub algorithm: &'a AnyAlgorithm,
+pub(crate) struct Entry<'a, M = AnyAlgorithm> {
+    pub algorithm: &'a M,
     pub state: usize,
     pub op: Operation<'a>,
 }
@@ -51,24 +50,26 @@ pub(crate) struct Entry<'a> {
 /// each part's rules in order. Indexed rather than iterated, so that the phases walk them
 /// without building anything.
 pub(crate) trait Group<'a> {
+    /// What the states are decided by: [`AnyAlgorithm`], or one algorithm's own type.
+    type Machine: Machine + 'a;
     /// How many distinct states.
     fn states(&self) -> usize;
     /// The state at `at`, and what the group asks of it.
-    fn demand(&self, at: usize) -> Demand<'a>;
+    fn demand(&self, at: usize) -> Demand<'a, Self::Machine>;
     /// How many entries.
     fn entries(&self) -> usize;
     /// The entry at `at`.
-    fn entry(&self, at: usize) -> Entry<'a>;
+    fn entry(&self, at: usize) -> Entry<'a, Self::Machine>;
 }
 
 /// Runs a group's parts together, all or nothing, in the phases of the module doc: each state
 /// is refreshed once, asked once for its demand, and consumed only if every state admits.
 /// `emit` receives each entry's admission (its state's) and report, in order. The caller has
 /// validated the group.
-pub(crate) fn phases<'a>(
+pub(crate) fn phases<'a, G: Group<'a>>(
     now: i64,
-    group: &impl Group<'a>,
-    states: &mut impl States,
+    group: &G,
+    states: &mut impl States<<G::Machine as Machine>::State>,
     mut emit: impl FnMut(Admission, Report),
 ) {
     for at in 0..group.states() {
@@ -105,6 +106,8 @@ pub(crate) fn phases<'a>(
 }
 
 impl<'a, P> Group<'a> for GroupPlan<'a, P> {
+    type Machine = AnyAlgorithm;
+
     fn states(&self) -> usize {
         GroupPlan::states(self).len()
     }
@@ -137,6 +140,8 @@ struct Single<'a> {
 }
 
 impl<'a> Group<'a> for Single<'a> {
+    type Machine = AnyAlgorithm;
+
     fn states(&self) -> usize {
         self.rules.len()
     }
@@ -154,25 +159,68 @@ impl<'a> Group<'a> for Single<'a> {
     }
 }
 
-/// A lone operation under a set of one rule (the commonest set): [`Single`] with its one state
-/// known at compile time, so that [`phases`], made for it, runs no loops.
-struct One<'a>(Single<'a>);
+/// A lone operation under a set of one rule (the commonest set): one state, decided by its
+/// algorithm's own type, so that [`phases`], made for it, runs no loops and matches no enum.
+struct One<'a, A> {
+    algorithm: &'a A,
+    op: Operation<'a>,
+    units: u64,
+    lease: Option<&'a LeaseId>,
+}
 
-impl<'a> Group<'a> for One<'a> {
+impl<'a, A: Algorithm> Group<'a> for One<'a, A> {
+    type Machine = A;
+
     fn states(&self) -> usize {
         1
     }
 
-    fn demand(&self, at: usize) -> Demand<'a> {
-        self.0.demand(at)
+    fn demand(&self, _: usize) -> Demand<'a, A> {
+        Demand { algorithm: self.algorithm, units: self.units, lease: self.lease }
     }
 
     fn entries(&self) -> usize {
         1
     }
 
-    fn entry(&self, at: usize) -> Entry<'a> {
-        self.0.entry(at)
+    fn entry(&self, _: usize) -> Entry<'a, A> {
+        Entry { algorithm: self.algorithm, state: 0, op: self.op }
+    }
+}
+
+/// The one state of [`One`].
+struct Held<'s, S>(&'s mut S);
+
+impl<S> States<S> for Held<'_, S> {
+    fn get(&mut self, _: usize) -> &mut S {
+        self.0
+    }
+}
+
+/// [`phases`] over [`One`], once its algorithm's type is known ([`AnyAlgorithm::visit`]).
+struct RunOne<'a> {
+    now: i64,
+    op: Operation<'a>,
+}
+
+impl Visit for RunOne<'_> {
+    type Output = (Admission, Report);
+
+    fn visit<A: Algorithm>(self, algorithm: &A, state: &mut A::State) -> (Admission, Report) {
+        let (units, lease) = demand_of(self.op);
+        let one = One { algorithm, op: self.op, units, lease };
+        let mut out = (Admission::ADMIT, Report { remaining: 0, reset_after: 0 });
+        phases(self.now, &one, &mut Held(state), |admission, report| out = (admission, report));
+        out
+    }
+}
+
+/// The units an operation asks of each of its rules' states, and the lease it takes them under.
+fn demand_of(op: Operation<'_>) -> (u64, Option<&LeaseId>) {
+    match op {
+        Operation::Check { cost } => (cost, None),
+        Operation::Acquire { cost, lease } => (cost, Some(lease)),
+        Operation::Refund { .. } | Operation::Release { .. } => (0, None),
     }
 }
 
@@ -180,7 +228,7 @@ impl<'a> Group<'a> for One<'a> {
 /// are states `0..n` in order (what a [`GroupPlan`] of that one part would say). Its outcomes
 /// are pushed onto `outcomes` (empty), for the caller to make the [`Decision`] where it returns
 /// it: the decision is too large to move cheaply (each move is a `memcpy`). The caller has
-/// validated the operation ([`Operation::validate`]).
+/// validated the operation ([`Operation::validate`]). A set of one rule runs as [`run_one`].
 pub(crate) fn run(
     rules: &RuleSet,
     op: Operation<'_>,
@@ -188,20 +236,26 @@ pub(crate) fn run(
     states: &mut impl States,
     outcomes: &mut Outcomes,
 ) {
-    let (units, lease) = match op {
-        Operation::Check { cost } => (cost, None),
-        Operation::Acquire { cost, lease } => (cost, Some(lease)),
-        Operation::Refund { .. } | Operation::Release { .. } => (0, None),
-    };
+    let (units, lease) = demand_of(op);
     let single = Single { rules, op, units, lease };
     // Sized once: growing past the inline two would reallocate twice on the way to five rules.
     outcomes.reserve_exact(rules.len());
-    let emit = |admission, report| outcomes.push(rules.outcome(outcomes.len(), admission, report));
-    if rules.len() == 1 {
-        phases(now, &One(single), states, emit);
-    } else {
-        phases(now, &single, states, emit);
-    }
+    phases(now, &single, states, |admission, report| {
+        outcomes.push(rules.outcome(outcomes.len(), admission, report))
+    });
+}
+
+/// [`run`] under a set of one rule (the commonest set), on its one `state`: the rule's
+/// algorithm matched once, its phases compiled for it.
+pub(crate) fn run_one(
+    rules: &RuleSet,
+    op: Operation<'_>,
+    now: i64,
+    state: &mut State,
+    outcomes: &mut Outcomes,
+) {
+    let (admission, report) = rules.compiled()[0].algorithm.visit(state, RunOne { now, op });
+    outcomes.push(rules.outcome(0, admission, report));
 }
 
 /// Runs a group's parts together ([`phases`]); `emit` receives each part's decision (by its

@@ -308,15 +308,6 @@ impl States for Found<'_> {
     }
 }
 
-/// The state of an operation's one rule.
-struct Lone<'a>(&'a mut State);
-
-impl States for Lone<'_> {
-    fn get(&mut self, _: usize) -> &mut State {
-        self.0
-    }
-}
-
 /// A batch group's states, moved out of the map while the group runs.
 struct Taken(SmallVec<[State; 8]>);
 
@@ -433,7 +424,7 @@ impl<C: Clock> MemoryBackend<C> {
                 // One rule (the commonest set): its state found and settled without an index.
                 [rule] => {
                     let at = entry.find_one(rule, 0);
-                    engine::run(rules, op, now, &mut Lone(&mut entry.states[at].state), &mut outcomes);
+                    engine::run_one(rules, op, now, &mut entry.states[at].state, &mut outcomes);
                     entry.settle_one(rule, at);
                 }
                 _ => {

@@ -109,6 +109,83 @@ pub(crate) trait Algorithm: Clone + Debug + PartialEq + Eq {
     fn encode(&self, state: &Self::State, previous: &Stored) -> Stored;
 }
 
+/// The phases of one state machine as [`crate::engine::phases`] runs them: [`AnyAlgorithm`] over
+/// any [`State`] (a group of several rules), or one [`Algorithm`] over its own state (a lone
+/// rule, its algorithm matched once rather than at every phase).
+pub(crate) trait Machine {
+    /// The state the phases work on.
+    type State;
+    fn refresh(&self, state: &mut Self::State, now: i64);
+    fn decide(&self, state: &mut Self::State, now: i64, probe: u64) -> Admission;
+    fn consume(&self, state: &mut Self::State, now: i64, units: u64, lease: Option<&LeaseId>);
+    fn refund(&self, state: &mut Self::State, now: i64, units: u64);
+    fn release(&self, state: &mut Self::State, now: i64, lease: &LeaseId, units: u64);
+    fn report(&self, state: &mut Self::State, now: i64) -> Report;
+}
+
+impl<A: Algorithm> Machine for A {
+    type State = A::State;
+
+    fn refresh(&self, state: &mut A::State, now: i64) {
+        Algorithm::refresh(self, state, now);
+    }
+
+    fn decide(&self, state: &mut A::State, now: i64, probe: u64) -> Admission {
+        Algorithm::decide(self, state, now, probe)
+    }
+
+    fn consume(&self, state: &mut A::State, now: i64, units: u64, lease: Option<&LeaseId>) {
+        Algorithm::consume(self, state, now, units, lease);
+    }
+
+    fn refund(&self, state: &mut A::State, now: i64, units: u64) {
+        Algorithm::refund(self, state, now, units);
+    }
+
+    fn release(&self, state: &mut A::State, now: i64, lease: &LeaseId, units: u64) {
+        Algorithm::release(self, state, now, lease, units);
+    }
+
+    fn report(&self, state: &mut A::State, now: i64) -> Report {
+        Algorithm::report(self, state, now)
+    }
+}
+
+impl Machine for AnyAlgorithm {
+    type State = State;
+
+    fn refresh(&self, state: &mut State, now: i64) {
+        AnyAlgorithm::refresh(self, state, now);
+    }
+
+    fn decide(&self, state: &mut State, now: i64, probe: u64) -> Admission {
+        AnyAlgorithm::decide(self, state, now, probe)
+    }
+
+    fn consume(&self, state: &mut State, now: i64, units: u64, lease: Option<&LeaseId>) {
+        AnyAlgorithm::consume(self, state, now, units, lease);
+    }
+
+    fn refund(&self, state: &mut State, now: i64, units: u64) {
+        AnyAlgorithm::refund(self, state, now, units);
+    }
+
+    fn release(&self, state: &mut State, now: i64, lease: &LeaseId, units: u64) {
+        AnyAlgorithm::release(self, state, now, lease, units);
+    }
+
+    fn report(&self, state: &mut State, now: i64) -> Report {
+        AnyAlgorithm::report(self, state, now)
+    }
+}
+
+/// What runs on one algorithm of known type and its state: [`AnyAlgorithm::visit`] matches the
+/// algorithm once and hands both here, so that the work is compiled for that algorithm.
+pub(crate) trait Visit {
+    type Output;
+    fn visit<A: Algorithm>(self, algorithm: &A, state: &mut A::State) -> Self::Output;
+}
+
 /// A state as the Lua twins store it in Redis (see [`crate::script::execute`]).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Stored {
@@ -280,42 +357,42 @@ macro_rules! algorithms {
             /// See [`Algorithm::refresh`].
             pub(crate) fn refresh(&self, state: &mut State, now: i64) {
                 match self {
-                    $(AnyAlgorithm::$variant(a) => a.refresh($module::$algorithm::state_in(state), now),)+
+                    $(AnyAlgorithm::$variant(a) => Algorithm::refresh(a, $module::$algorithm::state_in(state), now),)+
                 }
             }
 
             /// See [`Algorithm::decide`].
             pub(crate) fn decide(&self, state: &mut State, now: i64, probe: u64) -> Admission {
                 match self {
-                    $(AnyAlgorithm::$variant(a) => a.decide($module::$algorithm::state_in(state), now, probe),)+
+                    $(AnyAlgorithm::$variant(a) => Algorithm::decide(a, $module::$algorithm::state_in(state), now, probe),)+
                 }
             }
 
             /// See [`Algorithm::consume`].
             pub(crate) fn consume(&self, state: &mut State, now: i64, units: u64, lease: Option<&LeaseId>) {
                 match self {
-                    $(AnyAlgorithm::$variant(a) => a.consume($module::$algorithm::state_in(state), now, units, lease),)+
+                    $(AnyAlgorithm::$variant(a) => Algorithm::consume(a, $module::$algorithm::state_in(state), now, units, lease),)+
                 }
             }
 
             /// See [`Algorithm::refund`].
             pub(crate) fn refund(&self, state: &mut State, now: i64, units: u64) {
                 match self {
-                    $(AnyAlgorithm::$variant(a) => a.refund($module::$algorithm::state_in(state), now, units),)+
+                    $(AnyAlgorithm::$variant(a) => Algorithm::refund(a, $module::$algorithm::state_in(state), now, units),)+
                 }
             }
 
             /// See [`Algorithm::release`].
             pub(crate) fn release(&self, state: &mut State, now: i64, lease: &LeaseId, units: u64) {
                 match self {
-                    $(AnyAlgorithm::$variant(a) => a.release($module::$algorithm::state_in(state), now, lease, units),)+
+                    $(AnyAlgorithm::$variant(a) => Algorithm::release(a, $module::$algorithm::state_in(state), now, lease, units),)+
                 }
             }
 
             /// See [`Algorithm::report`].
             pub(crate) fn report(&self, state: &mut State, now: i64) -> Report {
                 match self {
-                    $(AnyAlgorithm::$variant(a) => a.report($module::$algorithm::state_in(state), now),)+
+                    $(AnyAlgorithm::$variant(a) => Algorithm::report(a, $module::$algorithm::state_in(state), now),)+
                 }
             }
 
@@ -351,6 +428,13 @@ macro_rules! algorithms {
             pub(crate) fn expires_at(&self, state: &mut State) -> Option<i64> {
                 match self {
                     $(AnyAlgorithm::$variant(a) => a.expires_at($module::$algorithm::state_in(state)),)+
+                }
+            }
+
+            /// Runs `visitor` on this algorithm, as its own type, and its variant of `state`.
+            pub(crate) fn visit<V: Visit>(&self, state: &mut State, visitor: V) -> V::Output {
+                match self {
+                    $(AnyAlgorithm::$variant(a) => visitor.visit(a, $module::$algorithm::state_in(state)),)+
                 }
             }
         }
