@@ -81,7 +81,8 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 pub struct SystemClock {
     anchor_wall: Timestamp,
     monotonic: quanta::Clock,
-    anchor: quanta::Instant,
+    /// The counter's raw reading at `anchor_wall` (scaled to nanoseconds only as a difference).
+    anchor: u64,
 }
 
 impl SystemClock {
@@ -90,7 +91,7 @@ impl SystemClock {
         let monotonic = quanta::Clock::new();
         SystemClock {
             anchor_wall: Timestamp::from_system_time(SystemTime::now()),
-            anchor: monotonic.now(),
+            anchor: monotonic.raw(),
             monotonic,
         }
     }
@@ -104,7 +105,9 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
-        self.anchor_wall.saturating_add(self.monotonic.now().saturating_duration_since(self.anchor))
+        // The raw counter and one scaling of the difference: no `Duration`s on the way.
+        let elapsed_nanos = self.monotonic.delta_as_nanos(self.anchor, self.monotonic.raw());
+        Timestamp::from_micros(self.anchor_wall.as_micros().saturating_add(elapsed_nanos / 1_000))
     }
 }
 

@@ -58,17 +58,39 @@ impl Decision {
     }
 
     /// [`from_outcomes`](Self::from_outcomes), from outcomes collected without allocating.
-    /// Inlined so the decision is built in its caller's place, not built and then copied.
-    #[inline(always)]
     pub(crate) fn from_outcome_list(outcomes: Outcomes) -> Self {
-        assert!(!outcomes.is_empty(), "a decision needs at least one rule outcome");
-        if let [only] = &outcomes[..] {
+        let mut decision = Decision { outcomes, allowed: false, binding: 0 };
+        decision.settle();
+        decision
+    }
+
+    /// A decision being made where it will be returned (it is too large to move cheaply: each
+    /// move is a `memcpy` call): its outcomes pushed in place ([`outcomes_mut`]), then
+    /// [`settle`]d.
+    ///
+    /// [`outcomes_mut`]: Self::outcomes_mut
+    /// [`settle`]: Self::settle
+    pub(crate) fn building() -> Self {
+        Decision { outcomes: Outcomes::new(), allowed: false, binding: 0 }
+    }
+
+    /// The outcomes of a decision [`building`](Self::building).
+    pub(crate) fn outcomes_mut(&mut self) -> &mut Outcomes {
+        &mut self.outcomes
+    }
+
+    /// Sets whether every rule admits and which binds, from the outcomes.
+    ///
+    /// # Panics
+    /// If there are none: a rule set always has at least one rule.
+    #[inline(always)]
+    pub(crate) fn settle(&mut self) {
+        assert!(!self.outcomes.is_empty(), "a decision needs at least one rule outcome");
+        (self.allowed, self.binding) = match &self.outcomes[..] {
             // One rule (the commonest set) binds by itself.
-            let allowed = only.allowed;
-            return Decision { outcomes, allowed, binding: 0 };
-        }
-        let (allowed, binding) = Decision::binding_of(&outcomes);
-        Decision { outcomes, allowed, binding }
+            [only] => (only.allowed, 0),
+            outcomes => Decision::binding_of(outcomes),
+        };
     }
 
     /// Whether every rule admits, and which of several binds (see [`Decision`]).

@@ -204,14 +204,15 @@ struct RunOne<'a> {
 }
 
 impl Visit for RunOne<'_> {
-    type Output = (Admission, Report);
+    /// The admission and report, and when the state expires after.
+    type Output = (Admission, Report, Option<i64>);
 
-    fn visit<A: Algorithm>(self, algorithm: &A, state: &mut A::State) -> (Admission, Report) {
+    fn visit<A: Algorithm>(self, algorithm: &A, state: &mut A::State) -> Self::Output {
         let (units, lease) = demand_of(self.op);
         let one = One { algorithm, op: self.op, units, lease };
         let mut out = (Admission::ADMIT, Report { remaining: 0, reset_after: 0 });
         phases(self.now, &one, &mut Held(state), |admission, report| out = (admission, report));
-        out
+        (out.0, out.1, algorithm.expires_at(state))
     }
 }
 
@@ -246,16 +247,18 @@ pub(crate) fn run(
 }
 
 /// [`run`] under a set of one rule (the commonest set), on its one `state`: the rule's
-/// algorithm matched once, its phases compiled for it.
+/// algorithm matched once, its phases compiled for it. Returns when the state expires after
+/// (what [`AnyAlgorithm::expires_at`] would answer, found on the way).
 pub(crate) fn run_one(
     rules: &RuleSet,
     op: Operation<'_>,
     now: i64,
     state: &mut State,
     outcomes: &mut Outcomes,
-) {
-    let (admission, report) = rules.compiled()[0].algorithm.visit(state, RunOne { now, op });
+) -> Option<i64> {
+    let (admission, report, expires_at) = rules.compiled()[0].algorithm.visit(state, RunOne { now, op });
     outcomes.push(rules.outcome(0, admission, report));
+    expires_at
 }
 
 /// Runs a group's parts together ([`phases`]); `emit` receives each part's decision (by its

@@ -11,7 +11,6 @@ use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 
 use crate::algorithm::State;
-use crate::decision::Outcomes;
 use crate::engine::{self, States};
 use crate::limits::{MAX_BATCH_PARTS, MAX_RULES};
 use crate::operation::validate_key;
@@ -358,10 +357,10 @@ impl Entry {
         self.refresh_expiry();
     }
 
-    /// [`settle`](Self::settle) for a set of one rule, whose state is `states[at]`.
-    fn settle_one(&mut self, rule: &CompiledRule, at: usize) {
-        let held = &mut self.states[at];
-        held.expires_at = rule.algorithm.expires_at(&mut held.state).unwrap_or(i64::MIN);
+    /// [`settle`](Self::settle) for a set of one rule, whose state is `states[at]` and expires
+    /// at `expires_at` ([`engine::run_one`] found it).
+    fn settle_one(&mut self, at: usize, expires_at: Option<i64>) {
+        self.states[at].expires_at = expires_at.unwrap_or(i64::MIN);
         self.refresh_expiry();
     }
 
@@ -408,7 +407,10 @@ impl<C: Clock> MemoryBackend<C> {
         op.validate(key, rules)?;
         let now = self.now();
         let mut evicted = 0;
-        let mut outcomes = Outcomes::new();
+        // Built in place: it is too large to move cheaply (each move is a `memcpy` call; one is
+        // left, into the `Ok`).
+        let mut decision = Decision::building();
+        let outcomes = decision.outcomes_mut();
         {
             let mut guard = self.lock(self.shard_of(key));
             let shard = &mut *guard;
@@ -424,13 +426,13 @@ impl<C: Clock> MemoryBackend<C> {
                 // One rule (the commonest set): its state found and settled without an index.
                 [rule] => {
                     let at = entry.find_one(rule, 0);
-                    engine::run_one(rules, op, now, &mut entry.states[at].state, &mut outcomes);
-                    entry.settle_one(rule, at);
+                    let expires_at = engine::run_one(rules, op, now, &mut entry.states[at].state, outcomes);
+                    entry.settle_one(at, expires_at);
                 }
                 _ => {
                     let index = entry.find(rules);
                     let found = &mut Found { held: &mut entry.states, index: &index };
-                    engine::run(rules, op, now, found, &mut outcomes);
+                    engine::run(rules, op, now, found, outcomes);
                     entry.settle(rules, &index);
                 }
             }
@@ -440,9 +442,8 @@ impl<C: Clock> MemoryBackend<C> {
         }
         self.evicted(evicted, now);
         self.maybe_sweep(now);
-        // The decision made where it is returned: it is too large to move cheaply (each move
-        // is a `memcpy` call).
-        Ok(Decision::from_outcome_list(outcomes))
+        decision.settle();
+        Ok(decision)
     }
 
     /// Forgets `key`'s state under `rules`, synchronously.

@@ -61,6 +61,12 @@ impl Operation<'_> {
             Operation::Check { cost } | Operation::Acquire { cost, .. } => cost,
             Operation::Refund { .. } | Operation::Release { .. } => return Ok(()),
         };
+        // The common case settled without visiting the rules: a cost every rule can hold, and
+        // no lease asked of a check. Otherwise the rules in order name the first that refuses.
+        let needs_lease = cost > 0 && matches!(self, Operation::Check { .. }) && rules.has_concurrency();
+        if !needs_lease && cost <= rules.min_capacity() {
+            return Ok(());
+        }
         for (index, rule) in rules.compiled().iter().enumerate() {
             if cost > 0 && matches!(self, Operation::Check { .. }) && rule.algorithm.holds_leases() {
                 return Err(Error::LeaseRequired { index });

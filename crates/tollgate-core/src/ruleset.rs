@@ -55,6 +55,8 @@ fn micros(d: i64) -> Duration {
 pub struct RuleSet {
     rules: Arc<[CompiledRule]>,
     has_concurrency: bool,
+    /// The smallest capacity of the rules: a cost up to it fits every rule.
+    min_capacity: u64,
 }
 
 fn check_range(index: usize, field: &'static str, value: u64, min: u64, max: u64) -> Result<(), RuleError> {
@@ -143,7 +145,8 @@ impl RuleSet {
             }
         }
         let has_concurrency = compiled.iter().any(|c| c.algorithm.holds_leases());
-        Ok(RuleSet { rules: compiled.into(), has_concurrency })
+        let min_capacity = compiled.iter().map(|c| c.algorithm.capacity()).min().unwrap_or(0);
+        Ok(RuleSet { rules: compiled.into(), has_concurrency, min_capacity })
     }
 
     /// Number of rules.
@@ -171,6 +174,11 @@ impl RuleSet {
     /// Whether any rule is a concurrency rule.
     pub fn has_concurrency(&self) -> bool {
         self.has_concurrency
+    }
+
+    /// The smallest capacity of the rules (a cost up to it fits every rule).
+    pub(crate) fn min_capacity(&self) -> u64 {
+        self.min_capacity
     }
 
     pub(crate) fn compiled(&self) -> &[CompiledRule] {
