@@ -85,3 +85,33 @@ impl Operation<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_one_to_max_key_bytes_long() {
+        assert!(matches!(validate_key(""), Err(KeyError::Empty)));
+        assert!(validate_key("k").is_ok());
+        assert!(validate_key(&"k".repeat(MAX_KEY_BYTES)).is_ok(), "the bound itself is allowed");
+        let over = "k".repeat(MAX_KEY_BYTES + 1);
+        assert!(matches!(
+            validate_key(&over),
+            Err(KeyError::TooLong { len, max }) if len == MAX_KEY_BYTES + 1 && max == MAX_KEY_BYTES
+        ));
+    }
+
+    #[test]
+    fn the_first_rule_a_cost_exceeds_is_named() {
+        use crate::{Period, Rule};
+        let rules =
+            RuleSet::new([Rule::fixed_window(4, Period::SECOND), Rule::fixed_window(3, Period::MINUTE)])
+                .unwrap();
+        let check = |cost| Operation::Check { cost }.validate("k", &rules);
+        assert!(check(3).is_ok(), "within every rule");
+        // Equal to the first rule's capacity (it fits there), beyond the second's.
+        assert!(matches!(check(4), Err(Error::CostExceedsCapacity { index: 1, cost: 4, capacity: 3, .. })));
+        assert!(matches!(check(5), Err(Error::CostExceedsCapacity { index: 0, cost: 5, capacity: 4, .. })));
+    }
+}

@@ -243,6 +243,16 @@ mod tests {
     use crate::Period;
 
     #[test]
+    fn a_rule_name_may_be_max_name_bytes_long() {
+        let named = |len| RuleSet::new([Rule::fixed_window(1, Period::SECOND).named("n".repeat(len))]);
+        assert!(named(MAX_NAME_BYTES).is_ok(), "the bound itself is allowed");
+        assert!(matches!(
+            named(MAX_NAME_BYTES + 1),
+            Err(RuleError::NameTooLong { index: 0, len, max: MAX_NAME_BYTES }) if len == MAX_NAME_BYTES + 1
+        ));
+    }
+
+    #[test]
     fn refuses_bad_rule_sets_with_the_rule_and_field() {
         assert_eq!(RuleSet::new([]).unwrap_err(), RuleError::Empty);
         let many = (1..=33).map(|n| Rule::fixed_window(n, Period::SECOND));
