@@ -19,6 +19,30 @@ pub enum ResetHeader {
     Epoch,
 }
 
+/// Which rate-limit headers an answer carries (`Retry-After` on a refusal in any case).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeaderSet {
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`, and the IETF draft's `RateLimit-Policy`
+    /// and `RateLimit`.
+    #[default]
+    All,
+    /// The IETF draft's `RateLimit-Policy` and `RateLimit` only.
+    Ietf,
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` only (what GitHub and most limiters send).
+    Legacy,
+}
+
+impl HeaderSet {
+    fn legacy(self) -> bool {
+        self != HeaderSet::Ietf
+    }
+
+    fn ietf(self) -> bool {
+        self != HeaderSet::Legacy
+    }
+}
+
 /// The headers [`rate_limit_headers`] writes, for `Access-Control-Expose-Headers`.
 pub const RATE_LIMIT_HEADERS: &str =
     "retry-after, x-ratelimit-limit, x-ratelimit-remaining, x-ratelimit-reset, ratelimit-policy, ratelimit";
@@ -146,36 +170,8 @@ impl FixedHeaders {
     }
 }
 
-/// Writes the headers describing `decision` under `rules` into `headers`; `denied` adds
-/// `Retry-After` (whole seconds, rounded up, at least 1). `fixed` is [`FixedHeaders::new`]`(rules)`
-/// when the caller keeps it, else what it holds is computed here.
-pub fn rate_limit_headers(
-    headers: &mut HeaderMap,
-    rules: &RuleSet,
-    decision: &Decision,
-    reset: ResetHeader,
-    denied: bool,
-    fixed: Option<&FixedHeaders>,
-) {
-    let reset_secs = ceil_secs(decision.reset_after());
-    let reset_value = match reset {
-        ResetHeader::Delta => reset_secs,
-        ResetHeader::Epoch => {
-            let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-            ceil_secs(now) + reset_secs
-        }
-    };
-    // Room for every header below at once: growing the map one insert at a time rehashes it
-    // several times (the most expensive part of writing them).
-    headers.reserve(6);
-    let limit = match fixed {
-        Some(fixed) => fixed.limit(decision.limit()),
-        None => HeaderValue::from(decision.limit()),
-    };
-    headers.insert(X_LIMIT, limit);
-    headers.insert(X_REMAINING, HeaderValue::from(decision.remaining()));
-    headers.insert(X_RESET, HeaderValue::from(reset_value));
-
+/// The IETF draft's `RateLimit-Policy` (kept in `fixed`, or computed) and `RateLimit`.
+fn ietf_headers(headers: &mut HeaderMap, rules: &RuleSet, decision: &Decision, fixed: Option<&FixedHeaders>) {
     match fixed {
         Some(fixed) => {
             if let Some(policy) = &fixed.policy {
@@ -204,7 +200,47 @@ pub fn rate_limit_headers(
     if let Ok(state) = HeaderValue::try_from(state) {
         headers.insert(STATE, state);
     }
+}
 
+/// Writes the headers of `set` describing `decision` under `rules` into `headers`; `denied`
+/// adds `Retry-After` (whole seconds, rounded up, at least 1). `fixed` is [`FixedHeaders::new`]`(rules)`
+/// when the caller keeps it, else what it holds is computed here.
+pub fn rate_limit_headers(
+    headers: &mut HeaderMap,
+    rules: &RuleSet,
+    decision: &Decision,
+    reset: ResetHeader,
+    set: HeaderSet,
+    denied: bool,
+    fixed: Option<&FixedHeaders>,
+) {
+    // Room for every header below at once: growing the map one insert at a time rehashes it
+    // several times (the most expensive part of writing them).
+    headers.reserve(match set {
+        HeaderSet::All => 6,
+        HeaderSet::Ietf => 3,
+        HeaderSet::Legacy => 4,
+    });
+    if set.legacy() {
+        let reset_secs = ceil_secs(decision.reset_after());
+        let reset_value = match reset {
+            ResetHeader::Delta => reset_secs,
+            ResetHeader::Epoch => {
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+                ceil_secs(now) + reset_secs
+            }
+        };
+        let limit = match fixed {
+            Some(fixed) => fixed.limit(decision.limit()),
+            None => HeaderValue::from(decision.limit()),
+        };
+        headers.insert(X_LIMIT, limit);
+        headers.insert(X_REMAINING, HeaderValue::from(decision.remaining()));
+        headers.insert(X_RESET, HeaderValue::from(reset_value));
+    }
+    if set.ietf() {
+        ietf_headers(headers, rules, decision, fixed);
+    }
     if denied {
         let secs = ceil_secs(decision.retry_after()).max(1);
         headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -230,7 +266,7 @@ mod tests {
         }
         assert!(!d.allowed());
         let mut h = HeaderMap::new();
-        rate_limit_headers(&mut h, &rules, &d, ResetHeader::Delta, true, None);
+        rate_limit_headers(&mut h, &rules, &d, ResetHeader::Delta, HeaderSet::All, true, None);
         assert_eq!(h["ratelimit-policy"], r#""sec\"ond";q=2;w=1, "token_bucket.1";q=10;w=2"#);
         assert_eq!(h["ratelimit"], r#""sec\"ond";r=0;t=1, "token_bucket.1";r=8;t=1"#);
         assert_eq!(h["x-ratelimit-limit"], "2");
@@ -253,16 +289,55 @@ mod tests {
         for cost in [1, 1, 1, 1] {
             let d = backend.execute_now("k", &rules, Operation::Check { cost }).unwrap();
             let (mut computed, mut kept) = (HeaderMap::new(), HeaderMap::new());
-            rate_limit_headers(&mut computed, &rules, &d, ResetHeader::Delta, !d.allowed(), None);
-            rate_limit_headers(&mut kept, &rules, &d, ResetHeader::Delta, !d.allowed(), Some(&fixed));
+            rate_limit_headers(
+                &mut computed,
+                &rules,
+                &d,
+                ResetHeader::Delta,
+                HeaderSet::All,
+                !d.allowed(),
+                None,
+            );
+            rate_limit_headers(
+                &mut kept,
+                &rules,
+                &d,
+                ResetHeader::Delta,
+                HeaderSet::All,
+                !d.allowed(),
+                Some(&fixed),
+            );
             assert_eq!(computed, kept);
             assert_eq!(kept["x-ratelimit-limit"], "3");
         }
         let other = RuleSet::new([Rule::fixed_window(7, Period::SECOND)]).unwrap();
         let d = backend.execute_now("k", &other, Operation::Check { cost: 1 }).unwrap();
         let mut h = HeaderMap::new();
-        rate_limit_headers(&mut h, &other, &d, ResetHeader::Delta, false, Some(&fixed));
+        rate_limit_headers(&mut h, &other, &d, ResetHeader::Delta, HeaderSet::All, false, Some(&fixed));
         assert_eq!(h["x-ratelimit-limit"], "7");
+    }
+
+    #[test]
+    fn each_set_writes_its_headers_and_retry_after_in_any() {
+        let rules = RuleSet::new([Rule::fixed_window(1, Period::SECOND)]).unwrap();
+        let backend = MemoryBackend::with_clock(ManualClock::at_wall_clock_second());
+        backend.execute_now("k", &rules, Operation::Check { cost: 1 }).unwrap();
+        let denied = backend.execute_now("k", &rules, Operation::Check { cost: 1 }).unwrap();
+        let names = |set| {
+            let mut h = HeaderMap::new();
+            rate_limit_headers(&mut h, &rules, &denied, ResetHeader::Delta, set, true, None);
+            let mut names: Vec<String> = h.keys().map(|n| n.as_str().to_owned()).collect();
+            names.sort_unstable();
+            names
+        };
+        let legacy = ["retry-after", "x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"];
+        let ietf = ["ratelimit", "ratelimit-policy", "retry-after"];
+        assert_eq!(names(HeaderSet::Legacy), legacy);
+        assert_eq!(names(HeaderSet::Ietf), ietf);
+        let mut all: Vec<&str> = legacy.iter().chain(&ietf).copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(names(HeaderSet::All), all);
     }
 
     #[test]
@@ -295,7 +370,7 @@ mod tests {
         }
         assert!(!d.allowed());
         let mut h = HeaderMap::new();
-        rate_limit_headers(&mut h, &rules, &d, ResetHeader::Delta, true, None);
+        rate_limit_headers(&mut h, &rules, &d, ResetHeader::Delta, HeaderSet::All, true, None);
         assert_eq!(
             h["ratelimit-policy"],
             r#""sec\"ond";q=2;w=1, "token_bucket.1";q=10;w=2, "concurrency.2";q=3"#

@@ -15,5 +15,5 @@ pub mod extract;
 pub mod headers;
 pub mod problem;
 
-pub use headers::{FixedHeaders, ResetHeader};
+pub use headers::{FixedHeaders, HeaderSet, ResetHeader};
 pub use problem::Problem;

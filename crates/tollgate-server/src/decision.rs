@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tollgate_core::Error as CoreError;
 use tollgate_http::headers::{ceil_millis, rate_limit_headers, rule_name};
-use tollgate_http::{Problem, ResetHeader};
+use tollgate_http::{HeaderSet, Problem, ResetHeader};
 use tollgate_limiter::{LimitError, Policy, Verdict};
 use utoipa::ToSchema;
 
@@ -120,6 +120,7 @@ pub(crate) fn respond(
         &policy.rules,
         &verdict.decision,
         reset,
+        HeaderSet::All,
         !verdict.allowed(),
         None,
     );

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use http::{HeaderName, HeaderValue, Method};
 use serde::Deserialize;
-use tollgate_http::ResetHeader;
+use tollgate_http::{HeaderSet, ResetHeader};
 use tollgate_limiter::{Limiter, Policy};
 
 use crate::{
@@ -116,6 +116,10 @@ pub struct RoutesConfig {
     /// `X-RateLimit-Reset` as `delta` seconds (default) or `epoch` time.
     #[serde(default)]
     pub reset_header: Option<ResetHeader>,
+    /// The rate-limit headers written: `all` (default), `ietf` (`RateLimit-Policy`,
+    /// `RateLimit`) or `legacy` (`X-RateLimit-*`); `Retry-After` on a 429 in any case.
+    #[serde(default)]
+    pub headers: HeaderSet,
     /// Paths not in canonical form: `normalize` (default: matched, and passed on, as their
     /// canonical form) or `reject` (400).
     #[serde(default)]
@@ -233,6 +237,7 @@ impl RoutesConfig {
             .key(self.key.build("key")?)
             .exempt_preflight(self.exempt_preflight)
             .reset_header(self.reset_header.unwrap_or_default())
+            .headers(self.headers)
             .non_canonical_paths(self.non_canonical_paths)
             .path_case(self.path_case);
         if let Some(name) = &self.default_policy {
@@ -294,6 +299,7 @@ mod tests {
             key = { kind = "client_ip", trusted_proxies = ["10.0.0.0/8", "::1"], forwarded_header = "forwarded", fallback = { kind = "global" } }
             cors_origin = "*"
             reset_header = "epoch"
+            headers = "legacy"
             non_canonical_paths = "reject"
             path_case = "insensitive"
 

@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, header};
 use pin_project_lite::pin_project;
 use tollgate_core::Decision;
 use tollgate_http::headers::{ceil_secs, rate_limit_headers};
-use tollgate_http::{FixedHeaders, ResetHeader};
+use tollgate_http::{FixedHeaders, HeaderSet, ResetHeader};
 use tollgate_limiter::keyspace::{policy_key, with_policy_key};
 use tollgate_limiter::{LimitError, Limiter, Policy, Verdict};
 
@@ -71,6 +71,7 @@ struct LayerSettings {
     exempt_preflight: bool,
     cors: Option<Cors>,
     reset: ResetHeader,
+    headers: HeaderSet,
     non_canonical_paths: NonCanonicalPaths,
     path_case: PathCase,
     /// Each policy's header values that depend on its rules alone, by [`policy_id`].
@@ -93,6 +94,7 @@ pub struct Builder {
     exempt_preflight: bool,
     cors: Option<Cors>,
     reset: ResetHeader,
+    headers: HeaderSet,
     non_canonical_paths: NonCanonicalPaths,
     path_case: PathCase,
 }
@@ -143,6 +145,14 @@ impl Builder {
         self
     }
 
+    /// Which rate-limit headers the layer writes (default [`HeaderSet::All`]: `X-RateLimit-*`
+    /// and the IETF draft's `RateLimit-Policy` and `RateLimit`); `Retry-After` on a 429 in any
+    /// case. Fewer headers cost a request less.
+    pub fn headers(mut self, headers: HeaderSet) -> Self {
+        self.headers = headers;
+        self
+    }
+
     /// What a request whose path is not in [canonical form](crate#canonical-paths) gets:
     /// matched on the canonical form, which replaces its path (default), or refused with 400.
     pub fn non_canonical_paths(mut self, paths: NonCanonicalPaths) -> Self {
@@ -190,6 +200,7 @@ impl Builder {
             exempt_preflight: self.exempt_preflight,
             cors: self.cors,
             reset: self.reset,
+            headers: self.headers,
             non_canonical_paths: self.non_canonical_paths,
             path_case: self.path_case,
         };
@@ -243,6 +254,7 @@ impl TollgateLayer {
             exempt_preflight: true,
             cors: None,
             reset: ResetHeader::Delta,
+            headers: HeaderSet::All,
             non_canonical_paths: NonCanonicalPaths::default(),
             path_case: PathCase::default(),
         }
@@ -423,7 +435,7 @@ impl LayerSettings {
         denied: bool,
     ) {
         let kept = self.policy_headers.get(&policy_id(policy));
-        rate_limit_headers(headers, &policy.rules, decision, self.reset, denied, kept);
+        rate_limit_headers(headers, &policy.rules, decision, self.reset, self.headers, denied, kept);
     }
 }
 

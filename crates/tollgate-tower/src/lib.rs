@@ -91,7 +91,7 @@ pub use path::{NonCanonicalPaths, PathCase, PathError};
 pub use remote::{MAX_REMOTE_RULES, RemoteBackend};
 pub use response::Cors;
 pub use route::{Route, RouteError};
-pub use tollgate_http::ResetHeader;
+pub use tollgate_http::{HeaderSet, ResetHeader};
 pub use tollgate_limiter::{FailurePolicy, Limiter, LimiterSettings, Mode, OnLimit, Policy};
 
 /// A limiter with its counters in this process (a [`MemoryBackend`]): right for one instance;

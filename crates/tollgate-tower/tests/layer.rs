@@ -9,7 +9,7 @@ use common::*;
 use http::Method;
 use tollgate_core::{MemoryBackend, Period, Rule, RuleSet};
 use tollgate_limiter::{LimiterSettings, Mode, OnLimit, Policy};
-use tollgate_tower::{Cors, Route, TollgateLayer};
+use tollgate_tower::{Cors, HeaderSet, Route, TollgateLayer};
 
 #[tokio::test]
 async fn routes_take_their_own_policy_by_pattern_and_method() {
@@ -115,6 +115,39 @@ async fn headers_on_every_limited_answer_and_a_problem_on_429() {
     // The problem type's own entry in the API's catalogue (the same answer comes from
     // `tollgate proxy`, whose clients never saw the layer's README section).
     assert_eq!(body["type"], "https://github.com/tollgate-rs/tollgate/blob/main/docs/api.md#rate-limited");
+}
+
+#[tokio::test]
+async fn a_header_set_chooses_the_headers_written() {
+    for (set, written, absent) in [
+        (HeaderSet::Ietf, ["ratelimit-policy", "ratelimit"], ["x-ratelimit-limit", "x-ratelimit-remaining"]),
+        (
+            HeaderSet::Legacy,
+            ["x-ratelimit-limit", "x-ratelimit-remaining"],
+            ["ratelimit-policy", "ratelimit"],
+        ),
+    ] {
+        let (limiter, _clock) = manual_limiter();
+        let rules = RuleSet::new([Rule::fixed_window(1, Period::SECOND)]).unwrap();
+        let layer = TollgateLayer::builder(limiter)
+            .default_policy(Policy::enforce("api", rules))
+            .headers(set)
+            .build()
+            .unwrap();
+        let base = serve(app(), layer).await;
+        let c = client();
+        for status in [200, 429] {
+            let r = c.get(format!("{base}/x")).send().await.unwrap();
+            assert_eq!(r.status(), status);
+            for name in written {
+                assert!(r.headers().contains_key(name), "{set:?} {status}: {name} missing");
+            }
+            for name in absent {
+                assert!(!r.headers().contains_key(name), "{set:?} {status}: {name} written");
+            }
+            assert_eq!(r.headers().contains_key("retry-after"), status == 429, "{set:?} {status}");
+        }
+    }
 }
 
 #[tokio::test]
