@@ -919,9 +919,8 @@ impl Limiter {
         local: impl FnOnce(&MemoryBackend) -> Result<T, Error>,
     ) -> Result<(T, bool), LimitError> {
         let inner = &self.inner;
-        let failure = if inner.breaker.state() == BreakerState::Closed {
-            let ticket = inner.breaker.ticket();
-            let start = inner.timer.now();
+        if inner.breaker.state() == BreakerState::Closed {
+            let (ticket, start) = (inner.breaker.ticket(), inner.timer.now());
             // The backend call's span (docs/api.md, "Tracing"), at DEBUG as the decision's.
             let span = if debug_spans_wanted() {
                 tracing::debug_span!(
@@ -944,16 +943,9 @@ impl Limiter {
                 }
                 result
             };
-            inner.backend_seconds.record(inner.timer.now().saturating_duration_since(start).as_secs_f64());
-            match self.settle(result, ticket) {
-                Ok(answer) => return Ok((answer, false)),
-                Err(Failure::Invalid(e)) => return Err(LimitError::Invalid(e)),
-                Err(Failure::Backend(e)) => e,
-            }
-        } else {
-            breaker_open()
-        };
-        self.by_failure_policy(failure, open, local)
+            return self.conclude(result, Call { ticket, start }, open, local);
+        }
+        self.by_failure_policy(breaker_open(), open, local)
     }
 
     /// [`answer`](Self::answer) from a backend that answers at once
@@ -966,43 +958,43 @@ impl Limiter {
         local: impl FnOnce(&MemoryBackend) -> Result<T, Error>,
     ) -> Option<Result<(T, bool), LimitError>> {
         let inner = &self.inner;
-        let failure = if inner.breaker.state() == BreakerState::Closed {
-            let ticket = inner.breaker.ticket();
-            let start = inner.timer.now();
+        if inner.breaker.state() == BreakerState::Closed {
+            let (ticket, start) = (inner.breaker.ticket(), inner.timer.now());
             let result = primary()?;
-            inner.backend_seconds.record(inner.timer.now().saturating_duration_since(start).as_secs_f64());
-            match self.settle(result, ticket) {
-                Ok(answer) => return Some(Ok((answer, false))),
-                Err(Failure::Invalid(e)) => return Some(Err(LimitError::Invalid(e))),
-                Err(Failure::Backend(e)) => e,
-            }
-        } else {
-            breaker_open()
-        };
-        Some(self.by_failure_policy(failure, open, local))
+            return Some(self.conclude(result, Call { ticket, start }, open, local));
+        }
+        Some(self.by_failure_policy(breaker_open(), open, local))
     }
 
-    /// The primary backend's result (of a call that started with `ticket`) told to the
-    /// breaker: a success closes the run of failures, a backend failure is counted (and
-    /// opens the breaker at its threshold), refused input is neither.
-    fn settle<T>(&self, result: Result<T, Error>, ticket: u64) -> Result<T, Failure> {
+    /// The answer to a call of the primary backend that gave `result`: timed, told to the
+    /// breaker (a success closes the run of failures, a backend failure is counted and opens
+    /// it at its threshold, refused input is neither), and a failure answered by the failure
+    /// policy.
+    fn conclude<T>(
+        &self,
+        result: Result<T, Error>,
+        call: Call,
+        open: impl FnOnce() -> T,
+        local: impl FnOnce(&MemoryBackend) -> Result<T, Error>,
+    ) -> Result<(T, bool), LimitError> {
         let inner = &self.inner;
+        inner.backend_seconds.record(inner.timer.now().saturating_duration_since(call.start).as_secs_f64());
         match result {
             Ok(answer) => {
                 inner.breaker.record_success();
-                Ok(answer)
+                Ok((answer, false))
             }
-            Err(e) if !e.is_backend_failure() => Err(Failure::Invalid(e)),
+            Err(e) if !e.is_backend_failure() => Err(LimitError::Invalid(e)),
             Err(e) => {
                 let backend = Arc::clone(&inner.backend_name);
                 metrics::counter!(m::BACKEND_ERRORS, "backend" => backend, "kind" => error_kind(&e))
                     .increment(1);
-                if inner.breaker.record_failure(ticket) {
+                if inner.breaker.record_failure(call.ticket) {
                     tracing::warn!(backend = %inner.backend_name, error = %e,
                         "backend failing; circuit breaker open, answering by the failure policy");
                     self.spawn_probe();
                 }
-                Err(Failure::Backend(e))
+                self.by_failure_policy(e, open, local)
             }
         }
     }
@@ -1086,12 +1078,10 @@ impl Limiter {
     }
 }
 
-/// Why the primary backend gave no answer.
-enum Failure {
-    /// The input was refused (not the backend's fault: the breaker does not count it).
-    Invalid(Error),
-    /// The backend failed.
-    Backend(Error),
+/// A call of the primary backend: the breaker's ticket when it started, and when.
+struct Call {
+    ticket: u64,
+    start: quanta::Instant,
 }
 
 /// What an open breaker answers in the backend's place.
