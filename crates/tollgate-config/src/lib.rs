@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tollgate_http::ResetHeader;
+use tollgate_http::{HeaderSet, ResetHeader};
 use tollgate_limiter::{LimiterSettings, Policy, SixPeriods};
 
 pub use redis_url::{NotARedisUrl, RedisTopology};
@@ -87,6 +87,8 @@ pub struct ServerSettings {
     pub listen: SocketAddr,
     /// How `X-RateLimit-Reset` is written.
     pub reset_header: ResetHeader,
+    /// Which rate-limit headers a decision's answer carries.
+    pub headers: HeaderSet,
     /// Logs as JSON lines instead of text.
     pub json_logs: bool,
     /// Most requests held at once by `on_limit = "delay"` policies.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use tollgate_core::{Period, Rule};
-use tollgate_http::ResetHeader;
+use tollgate_http::{HeaderSet, ResetHeader};
 use tollgate_limiter::{
     DecisionLogSettings, FailurePolicy, LimiterSettings, LoggedKey, Mode, Policy, Reserve, SixPeriods,
 };
@@ -98,6 +98,7 @@ struct ConsumersSection {
 struct ServerSection {
     listen: Spanned<String>,
     reset_header: ResetHeader,
+    headers: HeaderSet,
     json_logs: bool,
     max_delayed: Spanned<usize>,
     max_request_state: Spanned<u64>,
@@ -123,6 +124,7 @@ impl Default for ServerSection {
         ServerSection {
             listen: unwritten("127.0.0.1:8080".into()),
             reset_header: ResetHeader::Delta,
+            headers: HeaderSet::All,
             json_logs: false,
             max_delayed: unwritten(LimiterSettings::default().max_delayed),
             max_request_state: unwritten(crate::DEFAULT_MAX_REQUEST_STATE),
@@ -315,6 +317,7 @@ fn server_settings(server: &ServerSection) -> Result<ServerSettings, Mistake> {
     Ok(ServerSettings {
         listen,
         reset_header: server.reset_header,
+        headers: server.headers,
         json_logs: server.json_logs,
         max_delayed: *server.max_delayed.get_ref(),
         max_request_state: *server.max_request_state.get_ref(),

@@ -130,7 +130,7 @@ fn decision_response(
     verdict: &Verdict,
     lease_id: Option<String>,
 ) -> Response {
-    respond(state.config().server.reset_header, policy, verdict, DecisionBody::new(policy, verdict, lease_id))
+    respond(&state.config().server, policy, verdict, DecisionBody::new(policy, verdict, lease_id))
 }
 
 /// What a request will do with inline rules: store state under them (check, acquire), or only

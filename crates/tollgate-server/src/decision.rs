@@ -6,9 +6,10 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use tollgate_config::ServerSettings;
 use tollgate_core::Error as CoreError;
+use tollgate_http::Problem;
 use tollgate_http::headers::{ceil_millis, rate_limit_headers, rule_name};
-use tollgate_http::{HeaderSet, Problem, ResetHeader};
 use tollgate_limiter::{LimitError, Policy, Verdict};
 use utoipa::ToSchema;
 
@@ -106,9 +107,10 @@ impl DecisionBody {
     }
 }
 
-/// 200 or 429 with `body` and the rate-limit headers of `verdict`.
+/// 200 or 429 with `body` and the rate-limit headers of `verdict`, as the `[server]` section
+/// says (`reset_header`, `headers`).
 pub(crate) fn respond(
-    reset: ResetHeader,
+    server: &ServerSettings,
     policy: &Policy,
     verdict: &Verdict,
     body: DecisionBody,
@@ -119,8 +121,8 @@ pub(crate) fn respond(
         response.headers_mut(),
         &policy.rules,
         &verdict.decision,
-        reset,
-        HeaderSet::All,
+        server.reset_header,
+        server.headers,
         !verdict.allowed(),
         None,
     );

@@ -148,9 +148,9 @@ impl AppState {
         self.config.load_full()
     }
 
-    /// Swaps in a reloaded configuration. Policies, `reset_header` and the decision log take
-    /// effect at once; `listen` and the backend keep their startup values (the caller warns
-    /// about those).
+    /// Swaps in a reloaded configuration. Policies, `reset_header`, `headers` and the decision
+    /// log take effect at once; `listen` and the backend keep their startup values (the caller
+    /// warns about those).
     pub fn replace_config(&self, config: Config) {
         self.limiter.set_decision_log(config.limiter_settings().decision_log);
         self.config.store(Arc::new(config));

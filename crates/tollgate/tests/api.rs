@@ -605,6 +605,36 @@ async fn acquire_and_release_under_the_uploads_policy() {
 }
 
 #[tokio::test]
+async fn the_headers_setting_chooses_the_rate_limit_headers() {
+    for (set, written, absent) in [
+        ("ietf", ["ratelimit-policy", "ratelimit"], ["x-ratelimit-limit", "x-ratelimit-remaining"]),
+        ("legacy", ["x-ratelimit-limit", "x-ratelimit-reset"], ["ratelimit-policy", "ratelimit"]),
+    ] {
+        let config = format!(
+            r#"
+[server]
+headers = "{set}"
+
+[policies.p]
+rules = [{{ algorithm = "fixed_window", limit = 1, period = "1h" }}]
+"#
+        );
+        let server = Tollgate::start(&config, &[]).await;
+        for expected in [200, 429] {
+            let a = check(&server, json!({"key": "k", "policy": "p"})).await;
+            assert_eq!(a.status, expected, "{}", a.body);
+            for name in written {
+                assert!(a.header(name).is_some(), "{set} {expected}: no {name}");
+            }
+            for name in absent {
+                assert!(a.header(name).is_none(), "{set} {expected}: {name} written");
+            }
+            assert_eq!(a.header("retry-after").is_some(), expected == 429, "{set}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn reset_header_epoch_gives_unix_seconds() {
     let config = r#"
 [server]
