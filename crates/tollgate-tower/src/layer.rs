@@ -384,8 +384,8 @@ impl LayerSettings {
     }
 
     /// The check of `key` under `policy`, answered without awaiting where the limiter can
-    /// ([`Limiter::check_now`]: an in-process backend); `None` when it must be awaited
-    /// ([`decide`](Self::decide)).
+    /// ([`Limiter::check_now`]: an in-process backend); the key handed back (`Err`) when the
+    /// check must be awaited ([`decide`](Self::decide)), nothing having been asked.
     fn decide_now(&self, policy: &Arc<Policy>, key: String) -> Result<Gate, String> {
         match with_policy_key(&policy.name, &key, |scoped| self.limiter.check_now(scoped, policy, 1)) {
             Some(checked) => Ok(self.gate_of(policy, key, checked)),
