@@ -1,8 +1,10 @@
 //! A private `redis-server` for one test binary or one test.
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A `redis-server` of the test's own, on a free port of 127.0.0.1, without persistence, killed
@@ -14,12 +16,23 @@ pub struct RedisServer {
     extra: Vec<String>,
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago, and that this process has not handed out before.
+///
+/// The kernel may give the same port to two `bind(0)` calls in a row once the first socket is
+/// closed, so two ports asked for one server (HTTP and gRPC) could collide; a process-wide record
+/// of the ports already given keeps them apart.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("no free loopback port");
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 impl RedisServer {
