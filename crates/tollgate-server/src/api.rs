@@ -126,11 +126,15 @@ pub struct ResetRequest {
 /// 200 or 429 with the decision body and the rate-limit headers.
 fn decision_response(
     state: &AppState,
-    policy: &Policy,
+    policy: &Arc<Policy>,
+    named: Option<&str>,
     verdict: &Verdict,
     lease_id: Option<String>,
 ) -> Response {
-    respond(&state.config().server, policy, verdict, DecisionBody::new(policy, verdict, lease_id))
+    // Inline rules come anew with each request: only a named policy's header values are kept.
+    let fixed = named.map(|_| state.kept_headers.of(policy));
+    let body = DecisionBody::new(policy, verdict, lease_id);
+    respond(&state.config().server, policy, verdict, body, fixed.as_deref())
 }
 
 /// What a request will do with inline rules: store state under them (check, acquire), or only
@@ -313,7 +317,7 @@ pub async fn check(
     }
     let verdict = state.limiter.check(&key, &policy, req.cost).await.map_err(|e| limit_problem(e, field))?;
     state.live.record(&policy.name, &key, req.cost, &verdict);
-    Ok(decision_response(&state, &policy, &verdict, None))
+    Ok(decision_response(&state, &policy, req.policy.as_deref(), &verdict, None))
 }
 
 /// Takes units held at once; answers a lease id to release them with.
@@ -339,7 +343,7 @@ pub async fn acquire(
         .await
         .map_err(|e| limit_problem(e, rules_field(&req.policy)))?;
     let lease_id = lease.map(|l| l.id.to_string());
-    Ok(decision_response(&state, &policy, &verdict, lease_id))
+    Ok(decision_response(&state, &policy, req.policy.as_deref(), &verdict, lease_id))
 }
 
 /// Gives back a lease's units.
@@ -372,7 +376,7 @@ pub async fn release(
         .release(&req.key, &policy.rules, &lease)
         .await
         .map_err(|e| limit_problem(e, rules_field(&req.policy)))?;
-    let mut response = decision_response(&state, &policy, &verdict, None);
+    let mut response = decision_response(&state, &policy, req.policy.as_deref(), &verdict, None);
     // A release is never refused: the peek's status is informative only.
     *response.status_mut() = StatusCode::OK;
     response.headers_mut().remove(axum::http::header::RETRY_AFTER);

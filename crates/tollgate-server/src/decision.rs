@@ -2,12 +2,17 @@
 //! problems of a failed decision, and the names of the pseudo-policies the server reports
 //! under. A leaf: it knows no handler and no state.
 
-use axum::Json;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use arc_swap::ArcSwap;
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
 use serde::Serialize;
 use tollgate_config::ServerSettings;
 use tollgate_core::Error as CoreError;
+use tollgate_http::FixedHeaders;
 use tollgate_http::Problem;
 use tollgate_http::headers::{ceil_millis, rate_limit_headers, rule_name};
 use tollgate_limiter::{LimitError, Policy, Verdict};
@@ -107,26 +112,171 @@ impl DecisionBody {
     }
 }
 
+impl DecisionBody {
+    /// The body as JSON, byte for byte what `serde_json` writes of it (a test holds the two
+    /// alike), written straight into one buffer sized up front. The generic serializer spent
+    /// more on this one small body than the limiter spent on the decision: every key went
+    /// through its escaping scan and the buffer grew twice.
+    pub(crate) fn to_json(&self) -> Vec<u8> {
+        let strings = self.policy.len()
+            + self.lease_id.as_ref().map_or(0, String::len)
+            + self.message.as_ref().map_or(0, String::len)
+            + self.rules.iter().map(|r| r.name.len()).sum::<usize>();
+        // Keys and numbers at their widest, and each string's quotes (escapes may grow it).
+        let mut out = JsonOut(Vec::with_capacity(256 + 192 * self.rules.len() + strings));
+        out.raw("{\"allowed\":");
+        out.bool(self.allowed);
+        out.raw(",\"limit\":");
+        out.u64(self.limit);
+        out.raw(",\"remaining\":");
+        out.u64(self.remaining);
+        out.raw(",\"reset_after_ms\":");
+        out.u64(self.reset_after_ms);
+        out.raw(",\"retry_after_ms\":");
+        out.u64(self.retry_after_ms);
+        out.raw(",\"degraded\":");
+        out.bool(self.degraded);
+        out.raw(",\"policy\":");
+        out.str(&self.policy);
+        if self.shadow_denied {
+            out.raw(",\"shadow_denied\":true");
+        }
+        if let Some(ms) = self.delayed_ms {
+            out.raw(",\"delayed_ms\":");
+            out.u64(ms);
+        }
+        if let Some(id) = &self.lease_id {
+            out.raw(",\"lease_id\":");
+            out.str(id);
+        }
+        if let Some(message) = &self.message {
+            out.raw(",\"message\":");
+            out.str(message);
+        }
+        out.raw(",\"rules\":[");
+        for (index, rule) in self.rules.iter().enumerate() {
+            out.raw(if index == 0 { "{\"name\":" } else { ",{\"name\":" });
+            out.str(&rule.name);
+            out.raw(",\"algorithm\":");
+            out.str(rule.algorithm);
+            out.raw(",\"allowed\":");
+            out.bool(rule.allowed);
+            out.raw(",\"limit\":");
+            out.u64(rule.limit);
+            out.raw(",\"remaining\":");
+            out.u64(rule.remaining);
+            out.raw(",\"reset_after_ms\":");
+            out.u64(rule.reset_after_ms);
+            out.raw(",\"retry_after_ms\":");
+            out.u64(rule.retry_after_ms);
+            out.raw("}");
+        }
+        out.raw("]}");
+        out.0
+    }
+}
+
+/// The few JSON pieces a decision body is made of.
+struct JsonOut(Vec<u8>);
+
+impl JsonOut {
+    /// Literal JSON text (keys and punctuation: nothing in them needs escaping).
+    fn raw(&mut self, text: &str) {
+        self.0.extend_from_slice(text.as_bytes());
+    }
+
+    fn bool(&mut self, value: bool) {
+        self.raw(if value { "true" } else { "false" });
+    }
+
+    fn u64(&mut self, value: u64) {
+        self.raw(itoa::Buffer::new().format(value));
+    }
+
+    /// A string, quoted; escaped by `serde_json` itself when it holds anything to escape.
+    fn str(&mut self, value: &str) {
+        if value.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+            self.0.push(b'"');
+            self.raw(value);
+            self.0.push(b'"');
+        } else {
+            // Writing into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut self.0, value);
+        }
+    }
+}
+
 /// 200 or 429 with `body` and the rate-limit headers of `verdict`, as the `[server]` section
-/// says (`reset_header`, `headers`).
+/// says (`reset_header`, `headers`); `fixed` holds the policy's unchanging header values when
+/// they are kept (a named policy's, see [`KeptHeaders`]).
 pub(crate) fn respond(
     server: &ServerSettings,
     policy: &Policy,
     verdict: &Verdict,
     body: DecisionBody,
+    fixed: Option<&FixedHeaders>,
 ) -> Response {
     let status = if verdict.allowed() { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
-    let mut response = (status, Json(body)).into_response();
+    let mut response = Response::new(Body::from(body.to_json()));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    // Room for the content type and every rate-limit header at once.
+    headers.reserve(8);
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     rate_limit_headers(
-        response.headers_mut(),
+        headers,
         &policy.rules,
         &verdict.decision,
         server.reset_header,
         server.headers,
         !verdict.allowed(),
-        None,
+        fixed,
     );
     response
+}
+
+/// Named policies kept at most; past it the record starts over (a policy database that keeps
+/// renaming policies cannot grow it).
+const MAX_KEPT_HEADERS: usize = 1024;
+
+/// The rate-limit header values that stay the same from one decision of a named policy to the
+/// next (`RateLimit-Policy`, each rule's limit), formatted once per policy rather than on every
+/// answer. Keyed by name and checked against the policy itself, so a reloaded policy of the
+/// same name gets its own: the record holds a [`Weak`] of the policy it was made for, which keeps
+/// that allocation's address from being reused while the entry exists.
+#[derive(Default)]
+pub(crate) struct KeptHeaders(ArcSwap<HashMap<Arc<str>, Kept, foldhash::fast::RandomState>>);
+
+#[derive(Clone)]
+struct Kept {
+    policy: Weak<Policy>,
+    headers: Arc<FixedHeaders>,
+}
+
+impl KeptHeaders {
+    /// The fixed header values of `policy`, formatted now if this version of it has none yet.
+    pub(crate) fn of(&self, policy: &Arc<Policy>) -> Arc<FixedHeaders> {
+        if let Some(kept) = self.0.load().get(&policy.name)
+            && std::ptr::eq(kept.policy.as_ptr(), Arc::as_ptr(policy))
+        {
+            return Arc::clone(&kept.headers);
+        }
+        let headers = Arc::new(FixedHeaders::new(&policy.rules));
+        let kept = Kept { policy: Arc::downgrade(policy), headers: Arc::clone(&headers) };
+        self.0.rcu(|map| {
+            let mut map =
+                if map.len() >= MAX_KEPT_HEADERS { HashMap::default() } else { HashMap::clone(map) };
+            map.insert(Arc::clone(&policy.name), kept.clone());
+            map
+        });
+        headers
+    }
+}
+
+impl std::fmt::Debug for KeptHeaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeptHeaders").field("policies", &self.0.load().len()).finish()
+    }
 }
 
 /// A limiter error as an answer. `rules_field` is where the rules came from (`policy` or
@@ -147,5 +297,112 @@ pub(crate) fn limit_problem(e: LimitError, rules_field: &str) -> Problem {
             other => Problem::invalid(rules_field, other.to_string()),
         },
         _ => Problem::internal(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rule_body() -> impl Strategy<Value = RuleBody> {
+        let algorithms = prop::sample::select(vec!["fixed_window", "gcra", "concurrency"]);
+        (".{0,12}", algorithms, any::<bool>(), any::<[u64; 4]>()).prop_map(
+            |(name, algorithm, allowed, [limit, remaining, reset_after_ms, retry_after_ms])| RuleBody {
+                name,
+                algorithm,
+                allowed,
+                limit,
+                remaining,
+                reset_after_ms,
+                retry_after_ms,
+            },
+        )
+    }
+
+    fn decision_body() -> impl Strategy<Value = DecisionBody> {
+        let text = || {
+            prop_oneof![Just(String::new()), "[a-z._-]{1,12}", ".{0,12}", "[\"\\\\\u{0}-\u{1f}\u{7f}é]{1,6}"]
+        };
+        (
+            (any::<[bool; 3]>(), any::<[u64; 4]>(), text()),
+            (any::<Option<u64>>(), prop::option::of(text()), prop::option::of(text())),
+            prop::collection::vec(rule_body(), 0..4),
+        )
+            .prop_map(
+                |(
+                    (
+                        [allowed, degraded, shadow_denied],
+                        [limit, remaining, reset_after_ms, retry_after_ms],
+                        policy,
+                    ),
+                    (delayed_ms, lease_id, message),
+                    rules,
+                )| DecisionBody {
+                    allowed,
+                    limit,
+                    remaining,
+                    reset_after_ms,
+                    retry_after_ms,
+                    degraded,
+                    policy,
+                    shadow_denied,
+                    delayed_ms,
+                    lease_id,
+                    message,
+                    rules,
+                },
+            )
+    }
+
+    fn policy(limit: u64) -> Arc<Policy> {
+        use tollgate_core::{Period, Rule, RuleSet};
+        let rules = RuleSet::new([Rule::fixed_window(limit, Period::MINUTE).named("w")]).unwrap();
+        Arc::new(Policy::enforce("p", rules))
+    }
+
+    fn policy_header(fixed: &FixedHeaders, policy: &Policy) -> String {
+        let decision = tollgate_core::Decision::admitted_unchecked(&policy.rules);
+        let mut headers = axum::http::HeaderMap::new();
+        let set = tollgate_http::HeaderSet::All;
+        rate_limit_headers(
+            &mut headers,
+            &policy.rules,
+            &decision,
+            Default::default(),
+            set,
+            false,
+            Some(fixed),
+        );
+        headers["ratelimit-policy"].to_str().unwrap().to_owned()
+    }
+
+    #[test]
+    fn kept_headers_follow_each_version_of_a_named_policy() {
+        let kept = KeptHeaders::default();
+        let first = policy(5);
+        let once = kept.of(&first);
+        assert!(Arc::ptr_eq(&once, &kept.of(&first)), "formatted once per policy");
+        assert_eq!(policy_header(&once, &first), r#""w";q=5;w=60"#);
+        // Reloaded under the same name with another limit, while the old one is gone: the
+        // record must not answer for it by name alone, nor by a reused address.
+        drop(first);
+        for limit in [7, 9] {
+            let reloaded = policy(limit);
+            let fixed = kept.of(&reloaded);
+            assert_eq!(policy_header(&fixed, &reloaded), format!(r#""w";q={limit};w=60"#));
+        }
+    }
+
+    proptest! {
+        /// The hand-written body is the derived one, byte for byte: same keys, order, optional
+        /// fields left out alike, strings escaped alike (quotes, backslashes, control bytes).
+        #[test]
+        fn the_written_body_is_what_serde_writes(body in decision_body()) {
+            prop_assert_eq!(
+                String::from_utf8(body.to_json()).unwrap(),
+                serde_json::to_string(&body).unwrap()
+            );
+        }
     }
 }

@@ -27,6 +27,8 @@ pub struct AppState {
     pub(crate) consumers: Arc<ArcSwap<StoredConsumers>>,
     /// Decisions per second and keys near their limits, for the console (bounded).
     pub(crate) live: Arc<crate::live::Live>,
+    /// Named policies' unchanging rate-limit header values.
+    pub(crate) kept_headers: Arc<crate::decision::KeptHeaders>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -70,6 +72,7 @@ impl AppState {
             stored: Arc::default(),
             consumers: Arc::default(),
             live: Arc::default(),
+            kept_headers: Arc::default(),
         }
     }
 
