@@ -1,10 +1,11 @@
 //! Request extractors for axum that answer every malformed request with a [`Problem`]
 //! (RFC 9457) naming the offending field: JSON bodies, path parameters and query strings.
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
+use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 
 use crate::Problem;
@@ -12,32 +13,61 @@ use crate::Problem;
 /// A JSON body, deserialized with every error answered as a [`Problem`] naming its field.
 pub struct ApiJson<T>(pub T);
 
-/// The JSON API's body limit (the server's and Envoy's `/json`), enforced by the router's
-/// `DefaultBodyLimit`.
+/// The JSON API's body limit (the server's and Envoy's `/json`), enforced by [`ApiJson`] and by
+/// the router's `DefaultBodyLimit` for the other extractors.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 fn is_json(content_type: Option<&HeaderValue>) -> bool {
     let Some(value) = content_type.and_then(|v| v.to_str().ok()) else { return false };
-    let mime = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+    // Compared without case, in place: no lower-cased copy per request.
+    let mime = value.split(';').next().unwrap_or("").trim().as_bytes();
+    let (prefix, suffix) = (b"application/".as_slice(), b"+json".as_slice());
+    mime.eq_ignore_ascii_case(b"application/json")
+        || (mime.len() >= prefix.len() + suffix.len()
+            && mime[..prefix.len()].eq_ignore_ascii_case(prefix)
+            && mime[mime.len() - suffix.len()..].eq_ignore_ascii_case(suffix))
 }
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = Problem;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Problem> {
         if !is_json(req.headers().get(header::CONTENT_TYPE)) {
             return Err(Problem::unsupported_media_type());
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                Problem::too_large(MAX_BODY_BYTES)
-            } else {
-                Problem::malformed(rejection.body_text())
-            }
-        })?;
-        parse(&bytes).map(ApiJson)
+        parse(&read_body(req.into_body()).await?).map(ApiJson)
     }
+}
+
+/// The body, refused past [`MAX_BODY_BYTES`]. A body that arrives in one piece (the usual JSON
+/// request) is kept as it came: no boxed, limited wrapper and no list of pieces to join, which
+/// axum's `Bytes` extractor makes for every request.
+async fn read_body(mut body: Body) -> Result<Bytes, Problem> {
+    if body.size_hint().lower() > MAX_BODY_BYTES as u64 {
+        return Err(Problem::too_large(MAX_BODY_BYTES));
+    }
+    let mut whole = Bytes::new();
+    let mut joined: Option<Vec<u8>> = None;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| Problem::malformed(format!("Failed to buffer the request body: {e}")))?;
+        let Ok(data) = frame.into_data() else { continue };
+        let read = joined.as_ref().map_or(whole.len(), Vec::len);
+        if read + data.len() > MAX_BODY_BYTES {
+            return Err(Problem::too_large(MAX_BODY_BYTES));
+        }
+        match &mut joined {
+            Some(joined) => joined.extend_from_slice(&data),
+            None if whole.is_empty() => whole = data,
+            None => {
+                let mut both = Vec::with_capacity(whole.len() + data.len());
+                both.extend_from_slice(&whole);
+                both.extend_from_slice(&data);
+                joined = Some(both);
+            }
+        }
+    }
+    Ok(joined.map_or(whole, Bytes::from))
 }
 
 /// A path parameter, like axum's `Path`, whose rejections (such as percent-encoded bytes that
@@ -249,6 +279,52 @@ fn join(path: &str, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn in_pieces(pieces: &[&'static [u8]]) -> Body {
+        let frames = pieces.iter().map(|p| Ok::<_, std::io::Error>(Bytes::from_static(p)));
+        Body::from_stream(tokio_stream::iter(frames.collect::<Vec<_>>()))
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_whole_in_one_piece_or_many_and_refused_past_the_limit() {
+        assert_eq!(read_body(Body::from("{}")).await.unwrap(), "{}");
+        assert_eq!(read_body(in_pieces(&[b"{\"key\"", b"", b":\"k\"}"])).await.unwrap(), r#"{"key":"k"}"#);
+        assert_eq!(read_body(in_pieces(&[])).await.unwrap(), "");
+        // Over the limit by its declared length, or only once the pieces add up.
+        let big: &'static [u8] = Box::leak(vec![b' '; MAX_BODY_BYTES].into_boxed_slice());
+        assert_eq!(read_body(Body::from(big)).await.unwrap().len(), MAX_BODY_BYTES);
+        assert_eq!(read_body(Body::from([big, b"x"].concat())).await.unwrap_err().status, 413);
+        assert_eq!(read_body(in_pieces(&[b"{", big])).await.unwrap_err().status, 413);
+        assert_eq!(read_body(in_pieces(&[big, b"", b"x"])).await.unwrap_err().status, 413);
+    }
+
+    #[test]
+    fn json_media_types_are_told_apart_without_case() {
+        let json = |v: &str| is_json(Some(&HeaderValue::from_str(v).unwrap()));
+        for yes in [
+            "application/json",
+            "Application/JSON",
+            " application/json ; charset=utf-8",
+            "application/problem+json",
+            "APPLICATION/VND.API+JSON",
+        ] {
+            assert!(json(yes), "{yes}");
+        }
+        for no in [
+            "",
+            "text/json",
+            "application/jsonx",
+            "application/x-json",
+            "text/plain+json",
+            "+json",
+            "application/json+",
+            "applicatio/+json",
+            "é/+json",
+        ] {
+            assert!(!json(no), "{no}");
+        }
+        assert!(!is_json(None));
+    }
 
     #[derive(serde::Deserialize, Debug)]
     #[serde(deny_unknown_fields)]

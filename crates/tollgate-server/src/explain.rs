@@ -40,12 +40,14 @@ fn asked(parts: &Parts) -> Result<bool, Problem> {
     let mut asked = false;
     // Other query parameters are ignored, as they always were on /v1/check, and so is a query
     // that cannot be read unless it may be asking for an explanation.
-    let pairs = match Query::<Vec<(String, String)>>::try_from_uri(&parts.uri) {
-        Ok(Query(pairs)) => pairs,
-        Err(e) if parts.uri.query().is_some_and(|q| q.contains("explain")) => {
+    let pairs = match parts.uri.query().map(|_| Query::<Vec<(String, String)>>::try_from_uri(&parts.uri)) {
+        // Most checks carry no query: nothing to read.
+        None => Vec::new(),
+        Some(Ok(Query(pairs))) => pairs,
+        Some(Err(e)) if parts.uri.query().is_some_and(|q| q.contains("explain")) => {
             return Err(Problem::invalid("explain", format!("the query cannot be read: {e}")));
         }
-        Err(_) => Vec::new(),
+        Some(Err(_)) => Vec::new(),
     };
     for (name, value) in pairs.iter().filter(|(name, _)| name == "explain") {
         asked |= flag(name, value)?;

@@ -9,6 +9,7 @@
 //! load balancer each instance shows its own share.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -32,6 +33,8 @@ struct Bucket {
 }
 
 struct Near {
+    /// The key's hash, compared before the key itself: most recorded keys are not among these.
+    hash: u64,
     key: String,
     rule: String,
     remaining: u64,
@@ -58,6 +61,10 @@ impl PolicyLive {
         PolicyLive { buckets: vec![Bucket::default(); WINDOW_SECS as usize], near: Vec::new(), last_sec: 0 }
     }
 
+    fn forget_expired(&mut self, now_ms: u64) {
+        self.near.retain(|n| n.expires_ms > now_ms);
+    }
+
     fn bucket(&mut self, sec: u64) -> &mut Bucket {
         let b = &mut self.buckets[(sec % WINDOW_SECS) as usize];
         if b.sec != sec {
@@ -66,23 +73,23 @@ impl PolicyLive {
         b
     }
 
+    /// Keeps `key` among the nearest if it is near enough; call [`Self::forget_expired`] first.
     fn record_near(
         &mut self,
         key: &str,
+        hash: u64,
         rule: impl Fn() -> String,
         remaining: u64,
         limit: u64,
         expires_ms: u64,
-        now_ms: u64,
     ) {
-        self.near.retain(|n| n.expires_ms > now_ms);
-        if let Some(n) = self.near.iter_mut().find(|n| n.key == key) {
+        if let Some(n) = self.near.iter_mut().find(|n| n.hash == hash && n.key == key) {
             (n.remaining, n.limit, n.expires_ms) = (remaining, limit, expires_ms);
             n.rule = rule();
             return;
         }
         // Allocates only for an entry kept.
-        let entry = || Near { key: key.to_owned(), rule: rule(), remaining, limit, expires_ms };
+        let entry = || Near { hash, key: key.to_owned(), rule: rule(), remaining, limit, expires_ms };
         if self.near.len() < TOP_KEYS {
             self.near.push(entry());
             return;
@@ -108,7 +115,9 @@ impl PolicyLive {
 /// The recorder: per policy, a ring of one-second buckets and the keys nearest their limits.
 #[derive(Default)]
 pub struct Live {
-    policies: RwLock<HashMap<String, Arc<Mutex<PolicyLive>>>>,
+    policies: RwLock<HashMap<String, Arc<Mutex<PolicyLive>>, foldhash::fast::RandomState>>,
+    /// Hashes keys for [`Near::hash`].
+    keys: foldhash::fast::RandomState,
 }
 
 impl std::fmt::Debug for Live {
@@ -178,7 +187,9 @@ impl Live {
                 o.name.as_deref().map_or_else(|| format!("{}.{index}", o.algorithm.as_str()), str::to_owned)
             };
             let expires_ms = now_ms.saturating_add(ceil_millis(o.reset_after).max(1));
-            live.record_near(key, rule, o.remaining, o.limit, expires_ms, now_ms);
+            let hash = self.keys.hash_one(key);
+            live.forget_expired(now_ms);
+            live.record_near(key, hash, rule, o.remaining, o.limit, expires_ms);
         }
     }
 
