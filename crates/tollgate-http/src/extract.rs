@@ -202,6 +202,14 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     if first.is_some_and(|b| *b != b'{') && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() {
         return Err(Problem::invalid("body", "the body must be a JSON object"));
     }
+    // Read plainly first: tracking each field's path costs as much again, and only an error
+    // needs it, so a request that fails is read a second time to name its field.
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    if let Ok(value) = T::deserialize(&mut de)
+        && de.end().is_ok()
+    {
+        return Ok(value);
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize(&mut de) {
         Ok(value) => {
