@@ -214,13 +214,15 @@ pub fn rate_limit_headers(
     denied: bool,
     fixed: Option<&FixedHeaders>,
 ) {
-    // Room for every header below at once: growing the map one insert at a time rehashes it
-    // several times (the most expensive part of writing them).
-    headers.reserve(match set {
-        HeaderSet::All => 6,
-        HeaderSet::Ietf => 3,
-        HeaderSet::Legacy => 4,
-    });
+    // Room for exactly the headers below, at once: growing the map one insert at a time
+    // rehashes it several times (the most expensive part of writing them), and room for more
+    // than needed can cross into the allocations malloc serves more slowly.
+    let written = match set {
+        HeaderSet::All => 5,
+        HeaderSet::Ietf => 2,
+        HeaderSet::Legacy => 3,
+    };
+    headers.reserve(written + usize::from(denied));
     if set.legacy() {
         let reset_secs = ceil_secs(decision.reset_after());
         let reset_value = match reset {

@@ -220,9 +220,9 @@ pub(crate) fn respond(
     let mut response = Response::new(Body::from(body.to_json()));
     *response.status_mut() = status;
     let headers = response.headers_mut();
-    // Room for the content type and every rate-limit header at once.
+    // Room for every header at once, axum's Content-Length after them included: the map's
+    // first allocation holds six, and growing it past that later rehashes it.
     headers.reserve(8);
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     rate_limit_headers(
         headers,
         &policy.rules,
@@ -232,6 +232,7 @@ pub(crate) fn respond(
         !verdict.allowed(),
         fixed,
     );
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
 
