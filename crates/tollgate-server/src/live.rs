@@ -53,16 +53,40 @@ impl Near {
 struct PolicyLive {
     buckets: Vec<Bucket>,
     near: Vec<Near>,
+    /// The index of the entry in `near` with the most room left, while `near` is unchanged:
+    /// most decisions are of keys far from their limits, and are turned away by this one
+    /// comparison rather than a scan of every entry.
+    worst: Option<usize>,
+    /// At most the earliest `expires_ms` in `near` (`u64::MAX` when empty): until then nothing
+    /// has expired and nothing need be scanned.
+    next_expiry: u64,
     last_sec: u64,
 }
 
 impl PolicyLive {
     fn new() -> Self {
-        PolicyLive { buckets: vec![Bucket::default(); WINDOW_SECS as usize], near: Vec::new(), last_sec: 0 }
+        PolicyLive {
+            buckets: vec![Bucket::default(); WINDOW_SECS as usize],
+            near: Vec::new(),
+            worst: None,
+            next_expiry: u64::MAX,
+            last_sec: 0,
+        }
     }
 
     fn forget_expired(&mut self, now_ms: u64) {
+        if self.next_expiry > now_ms {
+            return;
+        }
         self.near.retain(|n| n.expires_ms > now_ms);
+        self.next_expiry = self.near.iter().map(|n| n.expires_ms).min().unwrap_or(u64::MAX);
+        self.worst = None;
+    }
+
+    /// `near` changed: an entry of `expires_ms` was written.
+    fn changed(&mut self, expires_ms: u64) {
+        self.worst = None;
+        self.next_expiry = self.next_expiry.min(expires_ms);
     }
 
     fn bucket(&mut self, sec: u64) -> &mut Bucket {
@@ -86,28 +110,35 @@ impl PolicyLive {
         if let Some(n) = self.near.iter_mut().find(|n| n.hash == hash && n.key == key) {
             (n.remaining, n.limit, n.expires_ms) = (remaining, limit, expires_ms);
             n.rule = rule();
+            self.changed(expires_ms);
             return;
         }
         // Allocates only for an entry kept.
         let entry = || Near { hash, key: key.to_owned(), rule: rule(), remaining, limit, expires_ms };
         if self.near.len() < TOP_KEYS {
             self.near.push(entry());
+            self.changed(expires_ms);
             return;
         }
         // Replace the entry with the most room left, if this key has less.
-        let worst = self
-            .near
-            .iter()
-            .enumerate()
-            .max_by(|(_, a), (_, b)| {
-                (u128::from(a.remaining) * u128::from(b.limit))
-                    .cmp(&(u128::from(b.remaining) * u128::from(a.limit)))
-            })
-            .map(|(i, _)| i);
+        let worst = match self.worst {
+            Some(i) => Some(i),
+            None => self
+                .near
+                .iter()
+                .enumerate()
+                .max_by(|(_, a), (_, b)| {
+                    (u128::from(a.remaining) * u128::from(b.limit))
+                        .cmp(&(u128::from(b.remaining) * u128::from(a.limit)))
+                })
+                .map(|(i, _)| i),
+        };
+        self.worst = worst;
         if let Some(i) = worst
             && self.near[i].above(remaining, limit)
         {
             self.near[i] = entry();
+            self.changed(expires_ms);
         }
     }
 }
@@ -164,8 +195,22 @@ impl Live {
 
     fn record_at(&self, policy: &str, key: &str, verdict: &Verdict, now_ms: u64) {
         let sec = now_ms / 1000;
+        // A policy already tracked is recorded under the map's read lock, without touching the
+        // count of its entry's Arc (a cache line every thread would share).
+        if let Some(entry) = self.policies.read().unwrap_or_else(|e| e.into_inner()).get(policy) {
+            return self.record_in(
+                &mut entry.lock().unwrap_or_else(|e| e.into_inner()),
+                key,
+                verdict,
+                now_ms,
+            );
+        }
         let entry = self.entry(policy, sec);
-        let mut live = entry.lock().unwrap_or_else(|e| e.into_inner());
+        self.record_in(&mut entry.lock().unwrap_or_else(|e| e.into_inner()), key, verdict, now_ms);
+    }
+
+    fn record_in(&self, live: &mut PolicyLive, key: &str, verdict: &Verdict, now_ms: u64) {
+        let sec = now_ms / 1000;
         live.last_sec = live.last_sec.max(sec);
         let bucket = live.bucket(sec);
         if verdict.shadow_denied {
@@ -365,6 +410,59 @@ mod tests {
         // After their reset, entries are gone.
         let s = live.snapshot_at("p", T0 + 20_000).unwrap();
         assert!(s.nearest.is_empty());
+    }
+
+    /// The nearest keys as the plain scan keeps them (each call forgets the expired, then
+    /// updates the key, adds it, or replaces the entry with the most room left): what the kept
+    /// worst entry and earliest expiry must not change.
+    fn plain_record(
+        near: &mut Vec<(String, u64, u64, u64)>,
+        key: &str,
+        remaining: u64,
+        limit: u64,
+        expires_ms: u64,
+        now_ms: u64,
+    ) {
+        near.retain(|n| n.3 > now_ms);
+        if let Some(n) = near.iter_mut().find(|n| n.0 == key) {
+            (n.1, n.2, n.3) = (remaining, limit, expires_ms);
+            return;
+        }
+        if near.len() < TOP_KEYS {
+            near.push((key.to_owned(), remaining, limit, expires_ms));
+            return;
+        }
+        let worst = near
+            .iter()
+            .enumerate()
+            .max_by(|(_, a), (_, b)| {
+                (u128::from(a.1) * u128::from(b.2)).cmp(&(u128::from(b.1) * u128::from(a.2)))
+            })
+            .map(|(i, _)| i)
+            .unwrap();
+        if u128::from(near[worst].1) * u128::from(limit) > u128::from(remaining) * u128::from(near[worst].2) {
+            near[worst] = (key.to_owned(), remaining, limit, expires_ms);
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_nearest_keys_are_those_a_plain_scan_keeps(
+            calls in proptest::collection::vec((0u8..40, 0u64..20, 1u64..20, 1u64..2000, 0u64..300), 1..400)
+        ) {
+            let keys = foldhash::fast::RandomState::default();
+            let (mut live, mut plain) = (PolicyLive::new(), Vec::new());
+            let mut now = T0;
+            for (key, remaining, limit, ttl, step) in calls {
+                now += step;
+                let key = format!("k{key}");
+                live.forget_expired(now);
+                live.record_near(&key, keys.hash_one(&key), || "r".to_owned(), remaining.min(limit), limit, now + ttl);
+                plain_record(&mut plain, &key, remaining.min(limit), limit, now + ttl, now);
+                let kept: Vec<_> = live.near.iter().map(|n| (n.key.clone(), n.remaining, n.limit, n.expires_ms)).collect();
+                proptest::prop_assert_eq!(&kept, &plain);
+            }
+        }
     }
 
     #[test]
