@@ -2,6 +2,8 @@
 //! draft's (draft-ietf-httpapi-ratelimit-headers) `RateLimit-Policy` and `RateLimit` structured
 //! fields, one item per rule. The server and the tower layer both write them from here.
 
+use std::borrow::Cow;
+use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName, HeaderValue, header};
@@ -59,8 +61,11 @@ pub fn ceil_millis(d: Duration) -> u64 {
 }
 
 /// The name a rule is reported under: its own, or its algorithm and position.
-pub fn rule_name(rule: &Rule, index: usize) -> String {
-    rule.name.clone().unwrap_or_else(|| format!("{}.{index}", rule.algorithm()))
+pub fn rule_name(rule: &Rule, index: usize) -> Cow<'_, str> {
+    match &rule.name {
+        Some(name) => Cow::Borrowed(name),
+        None => Cow::Owned(format!("{}.{index}", rule.algorithm())),
+    }
 }
 
 /// [`rule_name`] as an RFC 8941 String, written into `out` without an allocation of its own.
@@ -110,6 +115,37 @@ fn sf_string(out: &mut String, s: &str) {
         }
     }
     out.push('"');
+}
+
+/// Numbers below this have header values made once per process (see [`number`]).
+const SMALL_NUMBERS: usize = 1024;
+
+/// `n` as a header value. A number below [`SMALL_NUMBERS`] (a reset or retry in seconds nearly
+/// always is, and many limits and remainders) is a clone of a value made once over static
+/// bytes, which neither allocates nor counts references; any other number is formatted anew.
+fn number(n: u64) -> HeaderValue {
+    static SMALL: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {
+        let mut text = String::new();
+        let mut ends = Vec::with_capacity(SMALL_NUMBERS);
+        for i in 0..SMALL_NUMBERS {
+            text.push_str(itoa::Buffer::new().format(i));
+            ends.push(text.len());
+        }
+        // Once per process, about 3 KiB: the values' bytes must be 'static to be shared freely.
+        let text: &'static str = Box::leak(text.into_boxed_str());
+        let mut start = 0;
+        ends.into_iter()
+            .map(|end| {
+                let value = HeaderValue::from_static(&text[start..end]);
+                start = end;
+                value
+            })
+            .collect()
+    });
+    match usize::try_from(n).ok().and_then(|i| SMALL.get(i)) {
+        Some(value) => value.clone(),
+        None => HeaderValue::from(n),
+    }
 }
 
 const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -165,7 +201,7 @@ impl FixedHeaders {
     fn limit(&self, limit: u64) -> HeaderValue {
         match self.limits.iter().find(|(l, _)| *l == limit) {
             Some((_, value)) => value.clone(),
-            None => HeaderValue::from(limit),
+            None => number(limit),
         }
     }
 }
@@ -234,18 +270,18 @@ pub fn rate_limit_headers(
         };
         let limit = match fixed {
             Some(fixed) => fixed.limit(decision.limit()),
-            None => HeaderValue::from(decision.limit()),
+            None => number(decision.limit()),
         };
         headers.insert(X_LIMIT, limit);
-        headers.insert(X_REMAINING, HeaderValue::from(decision.remaining()));
-        headers.insert(X_RESET, HeaderValue::from(reset_value));
+        headers.insert(X_REMAINING, number(decision.remaining()));
+        headers.insert(X_RESET, number(reset_value));
     }
     if set.ietf() {
         ietf_headers(headers, rules, decision, fixed);
     }
     if denied {
         let secs = ceil_secs(decision.retry_after()).max(1);
-        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        headers.insert(header::RETRY_AFTER, number(secs));
     }
 }
 
@@ -253,6 +289,13 @@ pub fn rate_limit_headers(
 mod tests {
     use super::*;
     use tollgate_core::{ManualClock, MemoryBackend, Operation, Period};
+
+    #[test]
+    fn numbers_kept_or_formatted_are_the_same_values() {
+        for n in (0..2 * SMALL_NUMBERS as u64).chain([u64::from(u32::MAX), u64::MAX]) {
+            assert_eq!(number(n), HeaderValue::from(n), "{n}");
+        }
+    }
 
     #[test]
     fn one_item_per_rule_and_retry_after_rounded_up() {

@@ -2,6 +2,7 @@
 //! problems of a failed decision, and the names of the pseudo-policies the server reports
 //! under. A leaf: it knows no handler and no state.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
@@ -27,9 +28,10 @@ pub const ANONYMOUS_POLICY: &str = "anonymous";
 
 /// One rule's part of a decision.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct RuleBody {
+pub struct RuleBody<'a> {
     /// The rule's name, or its algorithm and position (`fixed_window.0`).
-    pub name: String,
+    #[schema(value_type = String)]
+    pub name: Cow<'a, str>,
     /// The rule's algorithm.
     pub algorithm: &'static str,
     /// Whether this rule alone admits the request.
@@ -45,8 +47,9 @@ pub struct RuleBody {
 }
 
 /// The answer to a check or acquire: the same body on 200 and 429.
+// Borrows the policy's names: an answer is written and dropped within its request.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct DecisionBody {
+pub struct DecisionBody<'a> {
     /// Whether to let the request through (true for shadow-mode denials).
     pub allowed: bool,
     /// The most restrictive rule's limit.
@@ -60,7 +63,7 @@ pub struct DecisionBody {
     /// True when answered without the primary backend (its failure policy answered).
     pub degraded: bool,
     /// The policy applied (`inline` for inline rules).
-    pub policy: String,
+    pub policy: &'a str,
     /// Shadow mode only: the rules denied, but the request is let through.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub shadow_denied: bool,
@@ -74,11 +77,11 @@ pub struct DecisionBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     /// Every rule's outcome, in the policy's order.
-    pub rules: Vec<RuleBody>,
+    pub rules: Vec<RuleBody<'a>>,
 }
 
-impl DecisionBody {
-    pub(crate) fn new(policy: &Policy, verdict: &Verdict, lease_id: Option<String>) -> Self {
+impl<'a> DecisionBody<'a> {
+    pub(crate) fn new(policy: &'a Policy, verdict: &Verdict, lease_id: Option<String>) -> Self {
         let d = &verdict.decision;
         let rules = policy
             .rules
@@ -102,7 +105,7 @@ impl DecisionBody {
             reset_after_ms: ceil_millis(d.reset_after()),
             retry_after_ms: ceil_millis(d.retry_after()),
             degraded: verdict.degraded,
-            policy: policy.name.to_string(),
+            policy: &policy.name,
             shadow_denied: verdict.shadow_denied,
             delayed_ms: (!verdict.waited.is_zero()).then(|| ceil_millis(verdict.waited)),
             lease_id,
@@ -112,7 +115,7 @@ impl DecisionBody {
     }
 }
 
-impl DecisionBody {
+impl DecisionBody<'_> {
     /// The body as JSON, byte for byte what `serde_json` writes of it (a test holds the two
     /// alike), written straight into one buffer sized up front. The generic serializer spent
     /// more on this one small body than the limiter spent on the decision: every key went
@@ -137,7 +140,7 @@ impl DecisionBody {
         out.raw(",\"degraded\":");
         out.bool(self.degraded);
         out.raw(",\"policy\":");
-        out.str(&self.policy);
+        out.str(self.policy);
         if self.shadow_denied {
             out.raw(",\"shadow_denied\":true");
         }
@@ -213,7 +216,7 @@ pub(crate) fn respond(
     server: &ServerSettings,
     policy: &Policy,
     verdict: &Verdict,
-    body: DecisionBody,
+    body: DecisionBody<'_>,
     fixed: Option<&FixedHeaders>,
 ) -> Response {
     let status = if verdict.allowed() { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
@@ -306,11 +309,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn rule_body() -> impl Strategy<Value = RuleBody> {
+    fn rule_body() -> impl Strategy<Value = RuleBody<'static>> {
         let algorithms = prop::sample::select(vec!["fixed_window", "gcra", "concurrency"]);
         (".{0,12}", algorithms, any::<bool>(), any::<[u64; 4]>()).prop_map(
             |(name, algorithm, allowed, [limit, remaining, reset_after_ms, retry_after_ms])| RuleBody {
-                name,
+                name: name.into(),
                 algorithm,
                 allowed,
                 limit,
@@ -321,7 +324,8 @@ mod tests {
         )
     }
 
-    fn decision_body() -> impl Strategy<Value = DecisionBody> {
+    /// A policy name, and a body that will borrow it (its own `policy` left empty).
+    fn decision_body() -> impl Strategy<Value = (String, DecisionBody<'static>)> {
         let text = || {
             prop_oneof![Just(String::new()), "[a-z._-]{1,12}", ".{0,12}", "[\"\\\\\u{0}-\u{1f}\u{7f}é]{1,6}"]
         };
@@ -339,19 +343,22 @@ mod tests {
                     ),
                     (delayed_ms, lease_id, message),
                     rules,
-                )| DecisionBody {
-                    allowed,
-                    limit,
-                    remaining,
-                    reset_after_ms,
-                    retry_after_ms,
-                    degraded,
-                    policy,
-                    shadow_denied,
-                    delayed_ms,
-                    lease_id,
-                    message,
-                    rules,
+                )| {
+                    let body = DecisionBody {
+                        allowed,
+                        limit,
+                        remaining,
+                        reset_after_ms,
+                        retry_after_ms,
+                        degraded,
+                        policy: "",
+                        shadow_denied,
+                        delayed_ms,
+                        lease_id,
+                        message,
+                        rules,
+                    };
+                    (policy, body)
                 },
             )
     }
@@ -399,7 +406,8 @@ mod tests {
         /// The hand-written body is the derived one, byte for byte: same keys, order, optional
         /// fields left out alike, strings escaped alike (quotes, backslashes, control bytes).
         #[test]
-        fn the_written_body_is_what_serde_writes(body in decision_body()) {
+        fn the_written_body_is_what_serde_writes((policy, body) in decision_body()) {
+            let body = DecisionBody { policy: &policy, ..body };
             prop_assert_eq!(
                 String::from_utf8(body.to_json()).unwrap(),
                 serde_json::to_string(&body).unwrap()

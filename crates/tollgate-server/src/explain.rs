@@ -96,7 +96,7 @@ pub struct ExplainBody {
     /// Every rule's state, in the policy's order: `allowed` is whether the rule would admit
     /// this cost now, `remaining` the units it would admit, `retry_after_ms` the wait until one
     /// unit fits.
-    pub rules: Vec<RuleBody>,
+    pub rules: Vec<RuleBody<'static>>,
 }
 
 /// Refuses `caller` when its token is limited to some apps and the check is not under a
@@ -168,13 +168,13 @@ pub(crate) async fn explain(
     // A peek reports each rule's units left now; a rule admits `cost` units when that many
     // are left (each algorithm's admission is exactly that test), one unit at least.
     let need = cost.max(1);
-    let rules: Vec<RuleBody> = policy
+    let rules: Vec<RuleBody<'static>> = policy
         .rules
         .rules()
         .zip(verdict.decision.rules())
         .enumerate()
         .map(|(index, (rule, o))| RuleBody {
-            name: rule_name(rule, index),
+            name: rule_name(rule, index).into_owned().into(),
             algorithm: o.algorithm.as_str(),
             allowed: o.allowed && o.remaining >= need,
             limit: o.limit,
@@ -183,7 +183,7 @@ pub(crate) async fn explain(
             retry_after_ms: ceil_millis(o.retry_after),
         })
         .collect();
-    let refused_by: Vec<String> = rules.iter().filter(|r| !r.allowed).map(|r| r.name.clone()).collect();
+    let refused_by: Vec<String> = rules.iter().filter(|r| !r.allowed).map(|r| r.name.to_string()).collect();
     let shadow = policy.mode == Mode::Shadow;
     let body = ExplainBody {
         explain: true,
