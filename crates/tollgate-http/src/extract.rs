@@ -6,6 +6,7 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, header};
 use http_body_util::BodyExt;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::Problem;
@@ -31,11 +32,24 @@ fn is_json(content_type: Option<&HeaderValue>) -> bool {
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = Problem;
 
+    async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+        let JsonBody(bytes) = JsonBody::from_request(req, state).await?;
+        parse(&bytes).map(ApiJson)
+    }
+}
+
+/// A JSON body's bytes, checked as [`ApiJson`] checks them (content type, size), for a handler
+/// that reads them with [`parse`] into a type borrowing from them.
+pub struct JsonBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
+    type Rejection = Problem;
+
     async fn from_request(req: Request, _state: &S) -> Result<Self, Problem> {
         if !is_json(req.headers().get(header::CONTENT_TYPE)) {
             return Err(Problem::unsupported_media_type());
         }
-        parse(&read_body(req.into_body()).await?).map(ApiJson)
+        read_body(req.into_body()).await.map(JsonBody)
     }
 }
 
@@ -196,7 +210,7 @@ impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
 /// A number with an integral value is an integer wherever one is expected, however it is
 /// spelled (`2.0`, `2e3`): JSON does not tell them apart, nor does the JSON Schema of the
 /// OpenAPI document, so clients generated from it may send either.
-pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+pub fn parse<'de, T: Deserialize<'de>>(bytes: &'de [u8]) -> Result<T, Problem> {
     // serde's derived structs also read arrays, by position; a request is an object.
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
     if first.is_some_and(|b| *b != b'{') && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() {

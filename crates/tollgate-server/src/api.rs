@@ -1,5 +1,6 @@
 //! The decision API: `/v1/check`, `/v1/acquire`, `/v1/release` and `/v1/reset`.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -17,7 +18,7 @@ use crate::decision::{DecisionBody, INLINE_POLICY, limit_problem, respond};
 use crate::explain::{Explain, Subject, explain};
 use crate::state::AppState;
 use tollgate_http::Problem;
-use tollgate_http::extract::ApiJson;
+use tollgate_http::extract::{ApiJson, JsonBody, parse};
 
 /// Most inline rules in one request.
 pub const MAX_INLINE_RULES: usize = 16;
@@ -29,12 +30,13 @@ fn one() -> u64 {
 /// `POST /v1/check`: a key, and a policy name or inline rules.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CheckRequest {
+pub struct CheckRequest<'a> {
     /// Whose requests are counted: 1 to 512 bytes (an API key, a user id, an IP, ...), not
     /// starting with `consumer:`, `anonymous:`, `envoy:` or `envoy#` (Tollgate's own). Not
     /// with `consumer` or `anonymous_ip`, which name their own key.
-    #[serde(default)]
-    pub key: Option<String>,
+    #[serde(default, borrow)]
+    #[schema(value_type = Option<String>)]
+    pub key: Option<Cow<'a, str>>,
     /// Check a consumer's six-period limits (from the policy database) instead of a policy.
     #[serde(default)]
     pub consumer: Option<String>,
@@ -46,8 +48,9 @@ pub struct CheckRequest {
     #[serde(default)]
     pub scope: Option<String>,
     /// A policy from the configuration. Give this or `limits`.
-    #[serde(default)]
-    pub policy: Option<String>,
+    #[serde(default, borrow)]
+    #[schema(value_type = Option<String>)]
+    pub policy: Option<Cow<'a, str>>,
     /// Inline rules, at most 16, each `{"algorithm": ..., parameters}` as in the configuration
     /// file (`fixed_window`: limit, period; `sliding_window_log`: limit, period;
     /// `sliding_window_counter`: limit, period; `token_bucket`: capacity, refill, per; `gcra`:
@@ -230,7 +233,7 @@ fn resolve_lease(
     Ok(policy)
 }
 
-fn rules_field(policy: &Option<String>) -> &'static str {
+fn rules_field(policy: Option<&str>) -> &'static str {
     if policy.is_some() { "policy" } else { "limits" }
 }
 
@@ -268,8 +271,10 @@ fn caller_key(key: &str) -> Result<&str, Problem> {
 pub async fn check(
     State(state): State<AppState>,
     Explain(explainer): Explain,
-    ApiJson(req): ApiJson<CheckRequest>,
+    JsonBody(body): JsonBody,
 ) -> Result<Response, Problem> {
+    // Read here rather than by an extractor, so the key and policy name borrow the body.
+    let req: CheckRequest<'_> = parse(&body)?;
     let subject = match (&req.consumer, &req.anonymous_ip) {
         (Some(_), Some(_)) => {
             return Err(Problem::invalid("anonymous_ip", "give consumer or anonymous_ip, not both"));
@@ -309,7 +314,7 @@ pub async fn check(
         return Err(Problem::invalid("key", "give a key (or a consumer, or an anonymous_ip)"));
     };
     caller_key(&key)?;
-    let field = rules_field(&req.policy);
+    let field = rules_field(req.policy.as_deref());
     let policy = resolve(&state, req.policy.as_deref(), req.limits, InlineUse::Stores)?;
     if let Some(caller) = &explainer {
         let subject = Subject { key: &key, policy: Some(policy), named: req.policy.as_deref() };
@@ -341,7 +346,7 @@ pub async fn acquire(
         .limiter
         .acquire(&req.key, &policy, req.cost)
         .await
-        .map_err(|e| limit_problem(e, rules_field(&req.policy)))?;
+        .map_err(|e| limit_problem(e, rules_field(req.policy.as_deref())))?;
     let lease_id = lease.map(|l| l.id.to_string());
     Ok(decision_response(&state, &policy, req.policy.as_deref(), &verdict, lease_id))
 }
@@ -375,7 +380,7 @@ pub async fn release(
         .limiter
         .release(&req.key, &policy.rules, &lease)
         .await
-        .map_err(|e| limit_problem(e, rules_field(&req.policy)))?;
+        .map_err(|e| limit_problem(e, rules_field(req.policy.as_deref())))?;
     let mut response = decision_response(&state, &policy, req.policy.as_deref(), &verdict, None);
     // A release is never refused: the peek's status is informative only.
     *response.status_mut() = StatusCode::OK;
@@ -398,7 +403,7 @@ pub async fn reset(
     ApiJson(req): ApiJson<ResetRequest>,
 ) -> Result<StatusCode, Problem> {
     caller_key(&req.key)?;
-    let field = rules_field(&req.policy);
+    let field = rules_field(req.policy.as_deref());
     let policy = resolve(&state, req.policy.as_deref(), req.limits, InlineUse::Shrinks)?;
     state.limiter.reset(&req.key, &policy.rules).await.map_err(|e| limit_problem(e, field))?;
     Ok(StatusCode::NO_CONTENT)
