@@ -226,6 +226,8 @@ pub(crate) fn respond(
     // Room for every header at once, axum's Content-Length after them included: the map's
     // first allocation holds six, and growing it past that later rehashes it.
     headers.reserve(8);
+    // First, as it always was: clients and the README's recipes see the same header order.
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     rate_limit_headers(
         headers,
         &policy.rules,
@@ -235,7 +237,6 @@ pub(crate) fn respond(
         !verdict.allowed(),
         fixed,
     );
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
 
