@@ -129,14 +129,7 @@ impl DecisionBody<'_> {
         let mut out = JsonOut(Vec::with_capacity(256 + 192 * self.rules.len() + strings));
         out.raw("{\"allowed\":");
         out.bool(self.allowed);
-        out.raw(",\"limit\":");
-        out.u64(self.limit);
-        out.raw(",\"remaining\":");
-        out.u64(self.remaining);
-        out.raw(",\"reset_after_ms\":");
-        out.u64(self.reset_after_ms);
-        out.raw(",\"retry_after_ms\":");
-        out.u64(self.retry_after_ms);
+        out.figures([self.limit, self.remaining, self.reset_after_ms, self.retry_after_ms]);
         out.raw(",\"degraded\":");
         out.bool(self.degraded);
         out.raw(",\"policy\":");
@@ -164,14 +157,7 @@ impl DecisionBody<'_> {
             out.str(rule.algorithm);
             out.raw(",\"allowed\":");
             out.bool(rule.allowed);
-            out.raw(",\"limit\":");
-            out.u64(rule.limit);
-            out.raw(",\"remaining\":");
-            out.u64(rule.remaining);
-            out.raw(",\"reset_after_ms\":");
-            out.u64(rule.reset_after_ms);
-            out.raw(",\"retry_after_ms\":");
-            out.u64(rule.retry_after_ms);
+            out.figures([rule.limit, rule.remaining, rule.reset_after_ms, rule.retry_after_ms]);
             out.raw("}");
         }
         out.raw("]}");
@@ -194,6 +180,20 @@ impl JsonOut {
 
     fn u64(&mut self, value: u64) {
         self.raw(itoa::Buffer::new().format(value));
+    }
+
+    /// The four figures a decision and each of its rules report, in the order both declare them.
+    fn figures(&mut self, [limit, remaining, reset_after_ms, retry_after_ms]: [u64; 4]) {
+        let keyed = [
+            (",\"limit\":", limit),
+            (",\"remaining\":", remaining),
+            (",\"reset_after_ms\":", reset_after_ms),
+            (",\"retry_after_ms\":", retry_after_ms),
+        ];
+        for (key, value) in keyed {
+            self.raw(key);
+            self.u64(value);
+        }
     }
 
     /// A string, quoted; escaped by `serde_json` itself when it holds anything to escape.
