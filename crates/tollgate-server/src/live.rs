@@ -121,18 +121,16 @@ impl PolicyLive {
             return;
         }
         // Replace the entry with the most room left, if this key has less.
-        let worst = match self.worst {
-            Some(i) => Some(i),
-            None => self
-                .near
+        let worst = self.worst.or_else(|| {
+            self.near
                 .iter()
                 .enumerate()
                 .max_by(|(_, a), (_, b)| {
                     (u128::from(a.remaining) * u128::from(b.limit))
                         .cmp(&(u128::from(b.remaining) * u128::from(a.limit)))
                 })
-                .map(|(i, _)| i),
-        };
+                .map(|(i, _)| i)
+        });
         self.worst = worst;
         if let Some(i) = worst
             && self.near[i].above(remaining, limit)
