@@ -55,6 +55,10 @@ pub(crate) struct Gcra {
     den: i64,
     /// `T * den`, the reduced numerator.
     num: i64,
+    /// `T` and `capacity * T`, kept: every decision asks for them, and working them out takes
+    /// divisions.
+    interval: Micros,
+    full: Micros,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -78,11 +82,36 @@ impl Gcra {
             return Err(Inexact);
         }
         let (num, den) = (to_i64(num), to_i64(den));
-        Ok(Gcra { capacity, quotient: num / den, remainder: num % den, den, num })
+        Ok(Gcra::with_interval(capacity, num / den, num % den, den, num))
+    }
+
+    /// The rule of `capacity` units and `T = quotient + remainder / den = num / den`, whose
+    /// bounds the caller has checked.
+    fn with_interval(capacity: u64, quotient: i64, remainder: i64, den: i64, num: i64) -> Gcra {
+        let mut gcra = Gcra {
+            capacity,
+            quotient,
+            remainder,
+            den,
+            num,
+            interval: Micros { whole: quotient, frac: remainder },
+            full: Micros::ZERO,
+        };
+        gcra.full = gcra.times_exactly(capacity);
+        gcra
     }
 
     /// `k * T`, exactly.
     fn times(&self, k: u64) -> Micros {
+        // The common costs, without a division.
+        match k {
+            1 => self.interval,
+            _ if k == self.capacity => self.full,
+            _ => self.times_exactly(k),
+        }
+    }
+
+    fn times_exactly(&self, k: u64) -> Micros {
         let k = to_i64(k);
         let parts = k * self.remainder;
         Micros { whole: k * self.quotient + parts / self.den, frac: parts % self.den }
@@ -114,19 +143,22 @@ impl Gcra {
 
     /// Units short of full: the smallest `k` with `k * T >= debt`, at most `capacity`.
     fn units_owed(&self, debt: Micros) -> u64 {
-        if debt > self.times(self.capacity) {
+        if debt >= self.full {
             return self.capacity;
         }
-        // Estimate in floating point, then settle exactly; the estimate is off by at most one.
-        let estimate = (debt.whole as f64 * self.den as f64 + debt.frac as f64) / self.num as f64;
-        let mut k = (estimate.floor().max(0.0) as u64).min(self.capacity);
-        while k < self.capacity && self.times(k) < debt {
-            k += 1;
-        }
-        while k > 0 && self.times(k - 1) >= debt {
-            k -= 1;
-        }
-        k
+        // `debt / T = (whole * den + frac) / num`, rounded up (every figure is at least zero).
+        // Below `capacity * T` the numerator is below `capacity * num`, which fits in 64 bits
+        // for every rule but those of huge capacities and intervals with large denominators;
+        // those divide in 128 bits.
+        let [whole, frac, den, num] = [debt.whole, debt.frac, self.den, self.num].map(i64::unsigned_abs);
+        let owed = match whole.checked_mul(den).and_then(|d| d.checked_add(frac)) {
+            Some(scaled) => scaled.div_ceil(num),
+            None => {
+                let scaled = u128::from(whole) * u128::from(den) + u128::from(frac);
+                u64::try_from(scaled.div_ceil(u128::from(num))).unwrap_or(u64::MAX)
+            }
+        };
+        owed.min(self.capacity)
     }
 }
 
@@ -153,7 +185,7 @@ impl Algorithm for Gcra {
 
     fn decide(&self, s: &State, now: i64, probe: u64) -> Admission {
         let needed = self.add(self.debt(s, now), self.times(probe));
-        let room = self.times(self.capacity);
+        let room = self.full;
         if needed <= room { Admission::ADMIT } else { Admission::wait(self.sub(needed, room).ceil()) }
     }
 
@@ -193,7 +225,7 @@ impl Algorithm for Gcra {
         let exact = num >= 1
             && capacity_wide * den_wide <= i128::from(MAX_EXACT)
             && capacity_wide * num / den_wide <= i128::from(MAX_FILL_MICROS);
-        exact.then_some(Gcra { capacity, quotient, remainder, den, num: num as i64 })
+        exact.then(|| Gcra::with_interval(capacity, quotient, remainder, den, num as i64))
     }
 
     fn decode(&self, stored: &Stored) -> Result<State, Corrupt> {
@@ -254,6 +286,50 @@ mod tests {
         assert_eq!(Gcra::from_lua_parameters(g.lua_parameters()), Some(g));
         // A whole number of microseconds: no fraction.
         assert_eq!(Gcra::new(10, 1_000_000, 10).unwrap().interval(), [100_000, 0, 1]);
+    }
+
+    proptest::proptest! {
+        /// The division `units_owed` makes (in 64 bits, or 128 where 64 would overflow) gives
+        /// the smallest `k` whose `k * T` covers the debt, as stepping through every `k` does.
+        #[test]
+        fn units_owed_is_the_first_k_to_cover_the_debt(
+            // Spread over every magnitude: a random number shifted right by a random amount.
+            (capacity, capacity_shift) in (1u64..1 << 24, 0u32..24),
+            (per_micros, per_micros_shift) in (1u64..1 << 56, 0u32..56),
+            (units, units_shift) in (1u64..1 << 40, 0u32..40),
+            at in 0.0f64..=1.0,
+            frac_of in 0.0f64..1.0,
+        ) {
+            let capacity = (capacity >> capacity_shift).max(1);
+            let per_micros = (per_micros >> per_micros_shift).max(1);
+            let units = (units >> units_shift).max(1);
+            let Ok(g) = Gcra::new(capacity, per_micros, units) else { return Ok(()) };
+            let full = g.times_exactly(capacity);
+            let whole = (full.whole as f64 * at) as i64;
+            let debt = Micros { whole, frac: ((g.den as f64 * frac_of) as i64).min(g.den - 1) };
+            // `k * T` grows with `k`: the first to cover the debt by halving.
+            let (mut low, mut high) = (0, capacity);
+            while low < high {
+                let mid = low + (high - low) / 2;
+                if g.times_exactly(mid) >= debt { high = mid } else { low = mid + 1 }
+            }
+            proptest::prop_assert_eq!(g.units_owed(debt), low);
+            proptest::prop_assert_eq!(g.times(1), g.times_exactly(1));
+            proptest::prop_assert_eq!(g.times(capacity), full);
+        }
+    }
+
+    #[test]
+    fn units_owed_divides_in_128_bits_where_64_would_overflow() {
+        // About 100 years to fill 1,000 units with a denominator of 7,919: the debt's whole
+        // microseconds times the denominator pass 2^64.
+        let g = Gcra::new(1_000, 3_155_760_000_000 * 7_919 - 1, 7_919).unwrap();
+        assert_eq!(g.den, 7_919);
+        let debt = g.sub(g.times_exactly(999), Micros { whole: 0, frac: 1 });
+        assert!(debt.whole.unsigned_abs().checked_mul(g.den.unsigned_abs()).is_none());
+        assert_eq!(g.units_owed(debt), 999);
+        assert_eq!(g.units_owed(g.times_exactly(999)), 999);
+        assert_eq!(g.units_owed(g.add(g.times_exactly(999), Micros { whole: 0, frac: 1 })), 1_000);
     }
 
     #[test]
