@@ -1,13 +1,14 @@
 //! [`MemoryBackend`]: rule states in process memory, the embedded default.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 use crossbeam_utils::CachePadded;
+use hashbrown::HashTable;
 use smallvec::SmallVec;
 
 use crate::algorithm::State;
@@ -187,11 +188,12 @@ impl<C: Clock> MemoryBackendBuilder<C> {
         let room = self.max_keys / MIN_MAX_KEYS;
         let shards = (cores * 4).next_power_of_two().min(1 << room.ilog2());
         let (share, rest) = (self.max_keys / shards, self.max_keys % shards);
+        let hasher = RandomState::default();
         Ok(MemoryBackend {
             shards: (0..shards)
-                .map(|i| CachePadded::new(Mutex::new(Shard::new(share + usize::from(i < rest)))))
+                .map(|i| CachePadded::new(Mutex::new(Shard::new(share + usize::from(i < rest), &hasher))))
                 .collect(),
-            hasher: RandomState::default(),
+            hasher,
             clock: self.clock,
             next_sweep: AtomicI64::new(i64::MIN),
             max_keys: self.max_keys,
@@ -209,10 +211,52 @@ impl Default for MemoryBackend<SystemClock> {
     }
 }
 
+/// A shard's keys and their entries: a hash table probed with the hash that chose the shard
+/// (the backend's), so a decision hashes its key once.
+#[derive(Debug)]
+struct Keys {
+    table: HashTable<(Arc<str>, Entry)>,
+    /// The backend's, to place keys again when the table grows.
+    hasher: RandomState,
+}
+
+impl Keys {
+    fn get(&self, hash: u64, key: &str) -> Option<&(Arc<str>, Entry)> {
+        self.table.find(hash, |(name, _)| **name == *key)
+    }
+
+    fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
+        self.table.find_mut(hash, |(name, _)| **name == *key).map(|(_, entry)| entry)
+    }
+
+    fn contains(&self, hash: u64, key: &str) -> bool {
+        self.get(hash, key).is_some()
+    }
+
+    /// Adds `key`, which is not held, with no state yet.
+    fn insert(&mut self, hash: u64, key: &str) -> &mut Entry {
+        let hasher = &self.hasher;
+        let slot = self
+            .table
+            .insert_unique(hash, (key.into(), Entry::default()), |(name, _)| hasher.hash_one(&**name));
+        &mut slot.into_mut().1
+    }
+
+    fn remove(&mut self, hash: u64, key: &str) {
+        if let Ok(found) = self.table.find_entry(hash, |(name, _)| **name == *key) {
+            found.remove();
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+}
+
 /// A share of the keys, under one lock.
 #[derive(Debug)]
 struct Shard {
-    map: HashMap<Arc<str>, Entry, RandomState>,
+    map: Keys,
     /// Records `(expiry, key)`, soonest first, to find the key to evict in logarithmic time.
     /// Kept lazily: a record is added when a key is created or its expiry moves earlier (rare:
     /// a refund, a release, a reset), not when it moves later (most checks), so every key has
@@ -225,18 +269,19 @@ struct Shard {
 }
 
 impl Shard {
-    fn new(cap: usize) -> Self {
-        Shard { map: HashMap::with_hasher(RandomState::default()), by_expiry: BinaryHeap::new(), cap }
+    fn new(cap: usize, hasher: &RandomState) -> Self {
+        let map = Keys { table: HashTable::new(), hasher: hasher.clone() };
+        Shard { map, by_expiry: BinaryHeap::new(), cap }
     }
 
-    /// Records `key`'s expiry if it moved below its last record.
-    fn index(&mut self, key: &str) {
-        let Some((name, entry)) = self.map.get_key_value(key) else { return };
+    /// Records `key`'s expiry if it moved below its last record (`hash` is the key's).
+    fn index(&mut self, hash: u64, key: &str) {
+        let Some((name, entry)) = self.map.get(hash, key) else { return };
         if entry.expires_at >= entry.floor {
             return;
         }
         let record = Reverse((entry.expires_at, name.clone()));
-        if let Some(entry) = self.map.get_mut(key) {
+        if let Some(entry) = self.map.get_mut(hash, key) {
             entry.floor = entry.expires_at;
         }
         self.by_expiry.push(record);
@@ -255,6 +300,7 @@ impl Shard {
     fn rebuild_index(&mut self) {
         let records: Vec<_> = self
             .map
+            .table
             .iter_mut()
             .map(|(name, entry)| {
                 entry.floor = entry.expires_at;
@@ -274,7 +320,8 @@ impl Shard {
         while self.map.len() + incoming > self.cap {
             // Every key has a record, and the cap leaves room for a batch's protected keys.
             let Some(Reverse((at, name))) = self.by_expiry.pop() else { break };
-            let Some(entry) = self.map.get_mut(&*name) else { continue };
+            let hash = self.map.hasher.hash_one(&*name);
+            let Some(entry) = self.map.get_mut(hash, &name) else { continue };
             if at != entry.floor {
                 continue; // an older record of a key that has a lower one
             }
@@ -285,7 +332,7 @@ impl Shard {
                 entry.floor = entry.expires_at;
                 self.by_expiry.push(Reverse((entry.expires_at, name)));
             } else {
-                self.map.remove(&*name);
+                self.map.remove(hash, &name);
                 evicted += 1;
             }
         }
@@ -385,9 +432,17 @@ impl<C: Clock> MemoryBackend<C> {
             .unwrap_or_else(|_| unreachable!("the defaults are valid"))
     }
 
-    fn shard_of(&self, key: &str) -> usize {
-        // Shard count is a power of two: mask the hash.
-        (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1)
+    /// The key's hash, and the shard holding it.
+    fn place(&self, key: &str) -> (u64, usize) {
+        let hash = self.hasher.hash_one(key);
+        (hash, self.shard_of(hash))
+    }
+
+    /// The shard of a key of this hash. The table in the shard places keys by the hash's low
+    /// bits and tells them apart by its top seven, so the shard is chosen by bits in between
+    /// (a shard count is a power of two), which leaves the table's as spread as they were.
+    fn shard_of(&self, hash: u64) -> usize {
+        ((hash >> 32) as usize) & (self.shards.len() - 1)
     }
 
     /// Locks a shard. A panic while one was held cannot have left a state half-written (states
@@ -412,14 +467,15 @@ impl<C: Clock> MemoryBackend<C> {
         let mut decision = Decision::building();
         let outcomes = decision.outcomes_mut();
         {
-            let mut guard = self.lock(self.shard_of(key));
+            let (hash, at) = self.place(key);
+            let mut guard = self.lock(at);
             let shard = &mut *guard;
             // One probe of the map for a key held (the common case); a new key pays a second.
-            let entry = match shard.map.get_mut(key) {
+            let entry = match shard.map.get_mut(hash, key) {
                 Some(entry) => entry,
                 None => {
                     evicted = shard.make_room(1, |_| false);
-                    shard.map.entry(key.into()).or_default()
+                    shard.map.insert(hash, key)
                 }
             };
             match rules.compiled() {
@@ -437,7 +493,7 @@ impl<C: Clock> MemoryBackend<C> {
                 }
             }
             if entry.expires_at < entry.floor {
-                shard.index(key);
+                shard.index(hash, key);
             }
         }
         self.evicted(evicted, now);
@@ -449,14 +505,15 @@ impl<C: Clock> MemoryBackend<C> {
     /// Forgets `key`'s state under `rules`, synchronously.
     pub fn reset_now(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
         validate_key(key)?;
-        let mut shard = self.lock(self.shard_of(key));
-        if let Some(entry) = shard.map.get_mut(key) {
+        let (hash, at) = self.place(key);
+        let mut shard = self.lock(at);
+        if let Some(entry) = shard.map.get_mut(hash, key) {
             entry.states.retain(|held| !rules.signatures().any(|s| s == &*held.signature));
             entry.refresh_expiry();
             if entry.states.is_empty() {
-                shard.map.remove(key);
+                shard.map.remove(hash, key);
             } else {
-                shard.index(key);
+                shard.index(hash, key);
             }
         }
         Ok(())
@@ -472,7 +529,8 @@ impl<C: Clock> MemoryBackend<C> {
     pub fn check_planned_now(&self, plan: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
         let parts = plan.parts();
         let now = self.now();
-        let mut shard_ids: SmallVec<[usize; 8]> = parts.iter().map(|p| self.shard_of(p.key)).collect();
+        let places: SmallVec<[(u64, usize); 8]> = parts.iter().map(|p| self.place(p.key)).collect();
+        let mut shard_ids: SmallVec<[usize; 8]> = places.iter().map(|&(_, shard)| shard).collect();
         shard_ids.sort_unstable();
         shard_ids.dedup();
         // Ascending order: two batches never wait on each other in a cycle.
@@ -480,49 +538,49 @@ impl<C: Clock> MemoryBackend<C> {
             shard_ids.iter().map(|&i| self.lock(i)).collect();
         // Room for the batch's new keys first, so that no key of the batch is evicted while its
         // state is out of the map (and the cap holds throughout).
-        let mut keys: SmallVec<[(usize, &str); 8]> = parts
-            .iter()
-            .map(|p| (shard_ids.binary_search(&self.shard_of(p.key)).unwrap_or(0), p.key))
-            .collect();
+        let guard_of = |shard: usize| shard_ids.binary_search(&shard).unwrap_or(0);
+        let mut keys: SmallVec<[(usize, &str, u64); 8]> =
+            parts.iter().zip(&places).map(|(p, &(hash, shard))| (guard_of(shard), p.key, hash)).collect();
         keys.sort_unstable();
         keys.dedup();
         let mut evicted = 0;
         for (guard, shard) in guards.iter_mut().enumerate() {
-            let mine = || keys.iter().filter(move |(g, _)| *g == guard).map(|(_, k)| *k);
-            let incoming = mine().filter(|k| !shard.map.contains_key(*k)).count();
+            let mine = || keys.iter().filter(move |(g, _, _)| *g == guard);
+            let incoming = mine().filter(|&&(_, key, hash)| !shard.map.contains(hash, key)).count();
             if incoming > 0 {
-                evicted += shard.make_room(incoming, |name| mine().any(|k| k == name));
+                evicted += shard.make_room(incoming, |name| mine().any(|&(_, key, _)| key == name));
             }
         }
         let mut decisions: Vec<Option<Decision>> = vec![None; parts.len()];
         for (members, group) in plan.planned() {
             // The group's states, moved out of their places while it runs.
             let mut taken = Taken(SmallVec::new());
-            let mut at: SmallVec<[usize; 8]> = SmallVec::new();
+            let mut at: SmallVec<[(usize, u64); 8]> = SmallVec::new();
             for planned in group.states() {
                 let KeyRule { key, rule } = planned.place;
-                let guard = shard_ids.binary_search(&self.shard_of(key)).unwrap_or(0);
+                let (hash, shard) = self.place(key);
+                let guard = guard_of(shard);
                 let shard = &mut guards[guard];
-                if !shard.map.contains_key(key) {
-                    shard.map.insert(key.into(), Entry::default());
+                if !shard.map.contains(hash, key) {
+                    shard.map.insert(hash, key);
                 }
-                let Some(entry) = shard.map.get_mut(key) else { unreachable!("inserted above") };
+                let Some(entry) = shard.map.get_mut(hash, key) else { unreachable!("inserted above") };
                 let found = entry.find_one(rule, 0);
                 let state = rule.algorithm.new_state();
                 taken.0.push(std::mem::replace(&mut entry.states[found].state, state));
-                at.push(guard);
+                at.push((guard, hash));
             }
             let rules_of = |p: usize| parts[members[p]].rules;
             engine::run_group(now, group, rules_of, &mut taken, |p, d| decisions[members[p]] = Some(d));
-            for ((planned, &guard), mut state) in group.states().iter().zip(&at).zip(taken.0) {
+            for ((planned, &(guard, hash)), mut state) in group.states().iter().zip(&at).zip(taken.0) {
                 let KeyRule { key, rule } = planned.place;
                 let shard = &mut guards[guard];
-                let Some(entry) = shard.map.get_mut(key) else { continue };
+                let Some(entry) = shard.map.get_mut(hash, key) else { continue };
                 let found = entry.find_one(rule, 0);
                 entry.states[found].expires_at = rule.algorithm.expires_at(&mut state).unwrap_or(i64::MIN);
                 entry.states[found].state = state;
                 entry.refresh_expiry();
-                shard.index(key);
+                shard.index(hash, key);
             }
         }
         drop(guards);
@@ -584,7 +642,7 @@ impl<C: Clock> MemoryBackend<C> {
         (0..self.shards.len())
             .map(|i| {
                 let mut shard = self.lock(i);
-                shard.map.retain(|_, entry| entry.prune(now));
+                shard.map.table.retain(|(_, entry)| entry.prune(now));
                 shard.compact_index();
                 shard.map.len()
             })
