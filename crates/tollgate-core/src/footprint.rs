@@ -16,8 +16,8 @@
 //!   whatever the traffic.
 //!
 //! The byte estimates are Redis's, which exceed the memory backend's for every algorithm
-//! (there a log entry is 16 bytes in a B-tree, a lease an `Arc<str>` id and 16 bytes), so one
-//! figure bounds both. They were measured with `MEMORY USAGE` on Redis 7.0 with its default
+//! (there a log entry is 16 bytes in a ring buffer whose room is at most twice the most entries
+//! it held, a lease an `Arc<str>` id and 16 bytes), so one figure bounds both. They were measured with `MEMORY USAGE` on Redis 7.0 with its default
 //! encodings, at the sizes where sorted sets have left their compact listpack form (above 128
 //! members) and cost the most per member; the key's own name (the prefix and the caller's key,
 //! up to 512 bytes) is not counted.
