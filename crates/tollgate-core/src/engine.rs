@@ -27,6 +27,12 @@ use crate::{Decision, Operation, RuleSet};
 pub(crate) trait States<S = State> {
     /// The state at `index`, loaded (or no state at all, of the planned rule's algorithm).
     fn get(&mut self, index: usize) -> &mut S;
+
+    /// When the state at `index` expires, now that [`run`] is done with it (what
+    /// [`AnyAlgorithm::expires_at`] would answer, found on the way). By default not kept.
+    fn expires(&mut self, index: usize, at: Option<i64>) {
+        let _ = (index, at);
+    }
 }
 
 /// One state a group works on, as the engine needs it: its rule's algorithm, the units the
@@ -129,36 +135,6 @@ impl<'a, P> Group<'a> for GroupPlan<'a, P> {
     }
 }
 
-/// A lone operation as a [`Group`]: one part, whose rules are states `0..n` in order, each asked
-/// the operation's cost. Read straight from the rule set, so a lone operation (the memory
-/// backend's common case) builds no plan.
-struct Single<'a> {
-    rules: &'a RuleSet,
-    op: Operation<'a>,
-    units: u64,
-    lease: Option<&'a LeaseId>,
-}
-
-impl<'a> Group<'a> for Single<'a> {
-    type Machine = AnyAlgorithm;
-
-    fn states(&self) -> usize {
-        self.rules.len()
-    }
-
-    fn demand(&self, at: usize) -> Demand<'a> {
-        Demand { algorithm: &self.rules.compiled()[at].algorithm, units: self.units, lease: self.lease }
-    }
-
-    fn entries(&self) -> usize {
-        self.rules.len()
-    }
-
-    fn entry(&self, at: usize) -> Entry<'a> {
-        Entry { algorithm: &self.rules.compiled()[at].algorithm, state: at, op: self.op }
-    }
-}
-
 /// A lone operation under a set of one rule (the commonest set): one state, decided by its
 /// algorithm's own type, so that [`phases`], made for it, runs no loops and matches no enum.
 struct One<'a, A> {
@@ -225,11 +201,58 @@ fn demand_of(op: Operation<'_>) -> (u64, Option<&LeaseId>) {
     }
 }
 
+/// The first phases of one state of a lone operation, on its algorithm's own type
+/// ([`AnyAlgorithm::visit`]): refresh, a refund or release, and the decision.
+struct Prepare<'a> {
+    now: i64,
+    op: Operation<'a>,
+    probe: u64,
+}
+
+impl Visit for Prepare<'_> {
+    type Output = Admission;
+
+    fn visit<A: Algorithm>(self, algorithm: &A, state: &mut A::State) -> Admission {
+        algorithm.refresh(state, self.now);
+        match self.op {
+            Operation::Refund { amount } => algorithm.refund(state, self.now, amount),
+            Operation::Release { lease } => algorithm.release(state, self.now, &lease.id, lease.units),
+            Operation::Check { .. } | Operation::Acquire { .. } => {}
+        }
+        algorithm.decide(state, self.now, self.probe)
+    }
+}
+
+/// The last phases of one state of a lone operation, on its algorithm's own type: `units`
+/// consumed (none unless every state admitted), the report, and when the state expires.
+struct Finish<'a> {
+    now: i64,
+    units: u64,
+    lease: Option<&'a LeaseId>,
+}
+
+impl Visit for Finish<'_> {
+    type Output = (Report, Option<i64>);
+
+    fn visit<A: Algorithm>(self, algorithm: &A, state: &mut A::State) -> Self::Output {
+        if self.units > 0 {
+            algorithm.consume(state, self.now, self.units, self.lease);
+        }
+        (algorithm.report(state, self.now), algorithm.expires_at(state))
+    }
+}
+
 /// Runs one operation on a key's states under a rule set: a group of one part, whose rules
-/// are states `0..n` in order (what a [`GroupPlan`] of that one part would say). Its outcomes
-/// are pushed onto `outcomes` (empty), for the caller to make the [`Decision`] where it returns
-/// it: the decision is too large to move cheaply (each move is a `memcpy`). The caller has
-/// validated the operation ([`Operation::validate`]). A set of one rule runs as [`run_one`].
+/// are states `0..n` in order (what a [`GroupPlan`] of that one part would say), and tells
+/// `states` when each expires. Its outcomes are pushed onto `outcomes` (empty), for the caller
+/// to make the [`Decision`] where it returns it: the decision is too large to move cheaply
+/// (each move is a `memcpy`). The caller has validated the operation
+/// ([`Operation::validate`]). A set of one rule runs as [`run_one`].
+///
+/// The phases are [`phases`]' in effect, each state's run apart on its algorithm's own type
+/// (two matches of the enum per rule, not one per phase): a rule set holds no two rules of the
+/// same parameters, so a lone operation's rules have a state each and no state's phases see
+/// another's; all or nothing holds, as every state decides before any consumes.
 pub(crate) fn run(
     rules: &RuleSet,
     op: Operation<'_>,
@@ -238,12 +261,19 @@ pub(crate) fn run(
     outcomes: &mut Outcomes,
 ) {
     let (units, lease) = demand_of(op);
-    let single = Single { rules, op, units, lease };
+    let compiled = rules.compiled();
+    let mut admissions: SmallVec<[Admission; 8]> = SmallVec::new();
+    for (at, rule) in compiled.iter().enumerate() {
+        admissions.push(rule.algorithm.visit(states.get(at), Prepare { now, op, probe: units.max(1) }));
+    }
+    let units = if admissions.iter().all(|a| a.admits) { units } else { 0 };
     // Sized once: growing past the inline two would reallocate twice on the way to five rules.
     outcomes.reserve_exact(rules.len());
-    phases(now, &single, states, |admission, report| {
-        outcomes.push(rules.outcome(outcomes.len(), admission, report))
-    });
+    for (at, rule) in compiled.iter().enumerate() {
+        let (report, expires_at) = rule.algorithm.visit(states.get(at), Finish { now, units, lease });
+        states.expires(at, expires_at);
+        outcomes.push(rules.outcome(at, admissions[at], report));
+    }
 }
 
 /// [`run`] under a set of one rule (the commonest set), on its one `state`: the rule's

@@ -12,6 +12,7 @@ use hashbrown::HashTable;
 use smallvec::SmallVec;
 
 use crate::algorithm::State;
+use crate::decision::Outcomes;
 use crate::engine::{self, States};
 use crate::limits::{MAX_BATCH_PARTS, MAX_RULES};
 use crate::operation::validate_key;
@@ -352,6 +353,10 @@ impl States for Found<'_> {
     fn get(&mut self, rule: usize) -> &mut State {
         &mut self.held[self.index[rule]].state
     }
+
+    fn expires(&mut self, rule: usize, at: Option<i64>) {
+        self.held[self.index[rule]].expires_at = at.unwrap_or(i64::MIN);
+    }
 }
 
 /// A batch group's states, moved out of the map while the group runs.
@@ -395,17 +400,17 @@ impl Entry {
         }
     }
 
-    /// Records the new expiry of the rules' states.
-    fn settle(&mut self, rules: &RuleSet, index: &[usize; MAX_RULES]) {
-        for (i, rule) in rules.compiled().iter().enumerate() {
-            let held = &mut self.states[index[i]];
-            held.expires_at = rule.algorithm.expires_at(&mut held.state).unwrap_or(i64::MIN);
-        }
+    /// Runs a lone operation of several rules on this key's states ([`engine::run`]), and
+    /// records when the entry expires.
+    #[inline(never)] // out of the way of the one-rule path, whose code it would spread
+    fn run(&mut self, rules: &RuleSet, op: Operation<'_>, now: i64, outcomes: &mut Outcomes) {
+        let index = self.find(rules);
+        engine::run(rules, op, now, &mut Found { held: &mut self.states, index: &index }, outcomes);
         self.refresh_expiry();
     }
 
-    /// [`settle`](Self::settle) for a set of one rule, whose state is `states[at]` and expires
-    /// at `expires_at` ([`engine::run_one`] found it).
+    /// Records the new expiry of a set of one rule's state, `states[at]` ([`engine::run_one`]
+    /// found it). (Several rules' are recorded by [`engine::run`], through [`Found`].)
     fn settle_one(&mut self, at: usize, expires_at: Option<i64>) {
         self.states[at].expires_at = expires_at.unwrap_or(i64::MIN);
         self.refresh_expiry();
@@ -485,12 +490,7 @@ impl<C: Clock> MemoryBackend<C> {
                     let expires_at = engine::run_one(rules, op, now, &mut entry.states[at].state, outcomes);
                     entry.settle_one(at, expires_at);
                 }
-                _ => {
-                    let index = entry.find(rules);
-                    let found = &mut Found { held: &mut entry.states, index: &index };
-                    engine::run(rules, op, now, found, outcomes);
-                    entry.settle(rules, &index);
-                }
+                _ => entry.run(rules, op, now, outcomes),
             }
             if entry.expires_at < entry.floor {
                 shard.index(hash, key);
