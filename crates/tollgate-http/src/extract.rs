@@ -1,6 +1,8 @@
 //! Request extractors for axum that answer every malformed request with a [`Problem`]
 //! (RFC 9457) naming the offending field: JSON bodies, path parameters and query strings.
 
+use std::borrow::Cow;
+
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
@@ -205,6 +207,17 @@ impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
     }
 }
 
+/// Reads an optional string field as text borrowed from the body, unless the JSON string has
+/// escapes to undo: `#[serde(default, borrow, deserialize_with = "borrowed_text")]` on an
+/// `Option<Cow<'a, str>>`. (serde borrows a `Cow<str>` field marked `borrow`, but copies one
+/// inside an `Option` into a new `String` every time.)
+pub fn borrowed_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Cow<'de, str>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(transparent)]
+    struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+    Ok(Option::<Text<'de>>::deserialize(d)?.map(|text| text.0))
+}
+
 /// Deserializes `bytes`, naming the field of the first error.
 ///
 /// A number with an integral value is an integer wherever one is expected, however it is
@@ -318,6 +331,25 @@ mod tests {
         assert_eq!(read_body(Body::from([big, b"x"].concat())).await.unwrap_err().status, 413);
         assert_eq!(read_body(in_pieces(&[b"{", big])).await.unwrap_err().status, 413);
         assert_eq!(read_body(in_pieces(&[big, b"", b"x"])).await.unwrap_err().status, 413);
+    }
+
+    #[test]
+    fn text_is_borrowed_from_the_body_unless_it_has_escapes() {
+        #[derive(Deserialize)]
+        struct Asked<'a> {
+            #[serde(default, borrow, deserialize_with = "borrowed_text")]
+            key: Option<Cow<'a, str>>,
+        }
+        let body = br#"{"key":"user-1"}"#;
+        let asked: Asked<'_> = parse(body).unwrap();
+        assert!(matches!(asked.key, Some(Cow::Borrowed("user-1"))));
+        let asked: Asked<'_> = parse(br#"{"key":"us\u0065r-\"1\""}"#).unwrap();
+        assert!(matches!(asked.key, Some(Cow::Owned(ref k)) if k == "user-\"1\""));
+        assert!(parse::<Asked<'_>>(b"{}").unwrap().key.is_none());
+        assert!(parse::<Asked<'_>>(br#"{"key":null}"#).unwrap().key.is_none());
+        let problem = parse::<Asked<'_>>(br#"{"key":7}"#).err().unwrap();
+        assert_eq!(problem.status, 400);
+        assert!(format!("{problem:?}").contains("key"), "{problem:?}");
     }
 
     #[test]

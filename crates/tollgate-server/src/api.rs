@@ -18,7 +18,7 @@ use crate::decision::{DecisionBody, INLINE_POLICY, limit_problem, respond};
 use crate::explain::{Explain, Subject, explain};
 use crate::state::AppState;
 use tollgate_http::Problem;
-use tollgate_http::extract::{ApiJson, JsonBody, parse};
+use tollgate_http::extract::{ApiJson, JsonBody, borrowed_text, parse};
 
 /// Most inline rules in one request.
 pub const MAX_INLINE_RULES: usize = 16;
@@ -34,7 +34,7 @@ pub struct CheckRequest<'a> {
     /// Whose requests are counted: 1 to 512 bytes (an API key, a user id, an IP, ...), not
     /// starting with `consumer:`, `anonymous:`, `envoy:` or `envoy#` (Tollgate's own). Not
     /// with `consumer` or `anonymous_ip`, which name their own key.
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
     #[schema(value_type = Option<String>)]
     pub key: Option<Cow<'a, str>>,
     /// Check a consumer's six-period limits (from the policy database) instead of a policy.
@@ -48,7 +48,7 @@ pub struct CheckRequest<'a> {
     #[serde(default)]
     pub scope: Option<String>,
     /// A policy from the configuration. Give this or `limits`.
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
     #[schema(value_type = Option<String>)]
     pub policy: Option<Cow<'a, str>>,
     /// Inline rules, at most 16, each `{"algorithm": ..., parameters}` as in the configuration
