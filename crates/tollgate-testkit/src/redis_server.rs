@@ -18,12 +18,28 @@ pub struct RedisServer {
 
 /// A loopback port that was free a moment ago, and that this process has not handed out before.
 ///
-/// The kernel may give the same port to two `bind(0)` calls in a row once the first socket is
-/// closed, so two ports asked for one server (HTTP and gRPC) could collide; a process-wide record
-/// of the ports already given keeps them apart.
+/// Chosen below the kernel's range of ephemeral ports (from a random place in the 12,288 ports
+/// under it), not by `bind(0)`: a port from that range, once its probe socket is closed, can be
+/// given by the kernel to any outgoing connection (a test's HTTP client, a Redis connection)
+/// before the server meant to listen on it has started, and that server then fails with "address
+/// in use". The kernel never picks ports below the range by itself. A process-wide record of the
+/// ports already given keeps two asked for one server (HTTP and gRPC) apart.
 pub fn free_port() -> u16 {
     static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     let mut given = GIVEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let (low, high) = below_ephemeral_ports();
+    let span = u64::from(high - low);
+    let start =
+        std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), std::process::id())
+            % span;
+    for step in 0..span {
+        let port = low + ((start + step) % span) as u16;
+        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    // Every port below the range taken (not seen): the kernel's choice, as before.
     loop {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -33,6 +49,17 @@ pub fn free_port() -> u16 {
             return port;
         }
     }
+}
+
+/// The 12,288 ports below the kernel's ephemeral range (`ip_local_port_range`; Linux's default
+/// starts it at 32768), never below 1024.
+fn below_ephemeral_ports() -> (u16, u16) {
+    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let high = first_ephemeral.max(1024 + 1024);
+    (high.saturating_sub(12_288).max(1024), high)
 }
 
 impl RedisServer {
@@ -309,5 +336,24 @@ impl<B: tollgate_core::Backend> tollgate_core::Backend for OnServer<B> {
 
     async fn ping(&self) -> Result<(), tollgate_core::Error> {
         self.backend.ping().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let (low, high) = below_ephemeral_ports();
+        let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
+        assert_eq!(ports.iter().collect::<BTreeSet<_>>().len(), ports.len(), "{ports:?}");
+        for &port in &ports {
+            assert!((low..high).contains(&port), "{port} outside {low}..{high}");
+            TcpListener::bind(("127.0.0.1", port)).expect("free");
+        }
+        // What the kernel gives an outgoing connection or `bind(0)` lies above them.
+        let kernels = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        assert!(kernels >= high, "{kernels} < {high}");
     }
 }
