@@ -11,10 +11,11 @@
 //!
 //! The engine never knows where states live: it reaches them through [`States`], by their
 //! index in the group's plan. Nor does it know where the plan came from: [`phases`] runs any
-//! [`Group`]. The memory backend runs a [`GroupPlan`] over its map ([`run`], [`run_group`]; a
-//! set of one rule [`run_one`], its algorithm matched once, [`AnyAlgorithm::visit`]);
-//! [`crate::script::execute`] runs a plan read from a script call's arguments over states read
-//! from Redis (in a module).
+//! [`Group`]. The memory backend runs a batch's [`GroupPlan`] over its map ([`run_group`]), a
+//! lone operation's rules each on its algorithm's own type ([`run`], the phases taken apart per
+//! state) and a set of one rule through [`phases`] on its algorithm's type ([`run_one`]), the
+//! enum matched by [`AnyAlgorithm::visit`]; [`crate::script::execute`] runs a plan read from a
+//! script call's arguments over states read from Redis (in a module).
 
 use smallvec::SmallVec;
 
