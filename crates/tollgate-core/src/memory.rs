@@ -222,6 +222,11 @@ struct Keys {
 }
 
 impl Keys {
+    /// A key's hash: the one the backend chose its shard by.
+    fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
     fn get(&self, hash: u64, key: &str) -> Option<&(Arc<str>, Entry)> {
         self.table.find(hash, |(name, _)| **name == *key)
     }
@@ -321,7 +326,7 @@ impl Shard {
         while self.map.len() + incoming > self.cap {
             // Every key has a record, and the cap leaves room for a batch's protected keys.
             let Some(Reverse((at, name))) = self.by_expiry.pop() else { break };
-            let hash = self.map.hasher.hash_one(&*name);
+            let hash = self.map.hash(&name);
             let Some(entry) = self.map.get_mut(hash, &name) else { continue };
             if at != entry.floor {
                 continue; // an older record of a key that has a lower one
