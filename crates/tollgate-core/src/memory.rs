@@ -231,6 +231,7 @@ impl Keys {
         self.table.find(hash, |(name, _)| **name == *key)
     }
 
+    #[inline(always)] // on every decision's path: a call there costs more than the probe
     fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
         self.table.find_mut(hash, |(name, _)| **name == *key).map(|(_, entry)| entry)
     }
@@ -385,11 +386,18 @@ impl Entry {
 
     /// Finds (or creates) one rule's state; `hint` is where it is likely to be (a key checked
     /// under one rule set holds its rules' states in the set's order).
+    #[inline(always)] // the hint's hit, on every decision's path
     fn find_one(&mut self, rule: &CompiledRule, hint: usize) -> usize {
         // The same rule set's signatures are the same allocation: compare pointers first.
         if self.states.get(hint).is_some_and(|s| Arc::ptr_eq(&s.signature, &rule.signature)) {
             return hint;
         }
+        self.find_or_add(rule)
+    }
+
+    /// [`find_one`](Self::find_one) past its hint: out of line, as a key's first check is.
+    #[inline(never)]
+    fn find_or_add(&mut self, rule: &CompiledRule) -> usize {
         let same =
             |s: &HeldState| Arc::ptr_eq(&s.signature, &rule.signature) || s.signature == rule.signature;
         match self.states.iter().position(same) {
@@ -416,6 +424,7 @@ impl Entry {
 
     /// Records the new expiry of a set of one rule's state, `states[at]` ([`engine::run_one`]
     /// found it). (Several rules' are recorded by [`engine::run`], through [`Found`].)
+    #[inline(always)]
     fn settle_one(&mut self, at: usize, expires_at: Option<i64>) {
         self.states[at].expires_at = expires_at.unwrap_or(i64::MIN);
         self.refresh_expiry();
@@ -469,12 +478,16 @@ impl<C: Clock> MemoryBackend<C> {
     /// Runs `op` synchronously: the memory backend never waits, so callers outside async code
     /// can use this instead of [`Backend::execute`].
     pub fn execute_now(&self, key: &str, rules: &RuleSet, op: Operation<'_>) -> Result<Decision, Error> {
-        op.validate(key, rules)?;
+        // The decision is built inside the result returned, every path returning that one
+        // value: it is too large to move cheaply (a move into an `Ok` is a `memcpy` call).
+        let mut result = Ok(Decision::building());
+        if let Err(error) = op.validate(key, rules) {
+            result = Err(error);
+            return result;
+        }
+        let Ok(decision) = &mut result else { return result };
         let now = self.now();
         let mut evicted = 0;
-        // Built in place: it is too large to move cheaply (each move is a `memcpy` call; one is
-        // left, into the `Ok`).
-        let mut decision = Decision::building();
         let outcomes = decision.outcomes_mut();
         {
             let (hash, at) = self.place(key);
@@ -504,7 +517,7 @@ impl<C: Clock> MemoryBackend<C> {
         self.evicted(evicted, now);
         self.maybe_sweep(now);
         decision.settle();
-        Ok(decision)
+        result
     }
 
     /// Forgets `key`'s state under `rules`, synchronously.
