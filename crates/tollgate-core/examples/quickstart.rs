@@ -36,7 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 d.remaining(),
                 d.reset_after().as_millis(),
                 d.retry_after().as_millis(),
-                d.binding().name.as_deref().unwrap_or("-"),
+                d.binding().name().unwrap_or("-"),
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

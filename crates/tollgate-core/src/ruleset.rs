@@ -31,10 +31,6 @@ pub(crate) fn short_id(signature: &str) -> String {
     (0..8).map(|i| ALPHABET[((hash >> (i * 6)) & 63) as usize] as char).collect()
 }
 
-fn micros(d: i64) -> Duration {
-    Duration::from_micros(u64::try_from(d).unwrap_or(0))
-}
-
 /// Rules checked together, all or nothing: validated and compiled once, cheap to clone.
 ///
 /// ```
@@ -197,29 +193,35 @@ impl RuleSet {
         retry_after: Duration,
     ) -> Option<RuleOutcome> {
         let rule = self.compiled().get(index)?;
-        Some(RuleOutcome {
-            name: rule.name.clone(),
-            algorithm: rule.rule.algorithm(),
+        // Microseconds, rounded up: a wait reported is never shortened.
+        let micros = |d: Duration| u64::try_from(d.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX);
+        let (reset_after, retry_after) = (micros(reset_after), micros(retry_after));
+        let limit = rule.algorithm.capacity();
+        Some(RuleOutcome::new(
+            rule.name.clone(),
+            rule.rule.algorithm(),
             allowed,
-            limit: rule.algorithm.capacity(),
+            limit,
             remaining,
             reset_after,
-            retry_after: if allowed { Duration::ZERO } else { retry_after },
-        })
+            retry_after,
+        ))
     }
 
     /// A rule's outcome from its admission and report (shared by both backends).
     pub(crate) fn outcome(&self, index: usize, admission: Admission, report: Report) -> RuleOutcome {
         let rule = &self.compiled()[index];
-        RuleOutcome {
-            name: rule.name.clone(),
-            algorithm: rule.rule.algorithm(),
-            allowed: admission.admits,
-            limit: rule.algorithm.capacity(),
-            remaining: report.remaining,
-            reset_after: micros(report.reset_after),
-            retry_after: if admission.admits { Duration::ZERO } else { micros(admission.retry_after) },
-        }
+        // Times of the algorithms are never negative; zero if one were.
+        let micros = |t: i64| u64::try_from(t).unwrap_or(0);
+        RuleOutcome::new(
+            rule.name.clone(),
+            rule.rule.algorithm(),
+            admission.admits,
+            rule.algorithm.capacity(),
+            report.remaining,
+            micros(report.reset_after),
+            micros(admission.retry_after),
+        )
     }
 
     /// The most bytes this set's state for one key can take: its rules' worst cases, and the

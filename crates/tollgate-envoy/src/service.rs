@@ -895,9 +895,9 @@ fn descriptor_status(
     count_hits(&labels(domain, p, seen), p.hits, p.shadow, over, near(d, ratio));
     // Upstream's counts from the binding rule's counter before these hits.
     let o = d.binding();
-    let used = o.limit.saturating_sub(o.remaining);
+    let used = o.limit().saturating_sub(o.remaining());
     let before = if item.charged { used.saturating_sub(p.hits) } else { used };
-    count_upstream(domain, p, &UpstreamCounts::new(o.limit, before, p.hits, ratio, p.shadow), seen);
+    count_upstream(domain, p, &UpstreamCounts::new(o.limit(), before, p.hits, ratio, p.shadow), seen);
     let code = if over && !p.shadow { Code::OverLimit } else { Code::Ok };
     let binding = d.rules().iter().position(|o| std::ptr::eq(o, d.binding())).unwrap_or(0);
     let limit = item.limited.get(binding).copied();
@@ -910,8 +910,8 @@ fn descriptor_status(
 fn near(d: &Decision, ratio: f32) -> bool {
     d.rules().iter().any(|o| {
         #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let threshold = (o.limit as f32 * ratio).floor() as u64;
-        o.limit.saturating_sub(o.remaining) > threshold
+        let threshold = (o.limit() as f32 * ratio).floor() as u64;
+        o.limit().saturating_sub(o.remaining()) > threshold
     })
 }
 

@@ -166,7 +166,7 @@ pub fn policy_header(rules: &RuleSet) -> Option<HeaderValue> {
         }
         write_rule_name(&mut policy, rule, index);
         policy.push_str(";q=");
-        policy.push_str(itoa::Buffer::new().format(outcome.limit));
+        policy.push_str(itoa::Buffer::new().format(outcome.limit()));
         if let Some(w) = window(&rule.kind) {
             policy.push_str(";w=");
             policy.push_str(itoa::Buffer::new().format(ceil_secs(w).max(1)));
@@ -192,7 +192,7 @@ impl FixedHeaders {
         let limits = Decision::admitted_unchecked(rules)
             .rules()
             .iter()
-            .map(|outcome| (outcome.limit, HeaderValue::from(outcome.limit)))
+            .map(|outcome| (outcome.limit(), HeaderValue::from(outcome.limit())))
             .collect();
         FixedHeaders { policy: policy_header(rules), limits }
     }
@@ -229,9 +229,9 @@ fn ietf_headers(headers: &mut HeaderMap, rules: &RuleSet, decision: &Decision, f
         }
         write_rule_name(&mut state, rule, index);
         state.push_str(";r=");
-        state.push_str(itoa::Buffer::new().format(outcome.remaining));
+        state.push_str(itoa::Buffer::new().format(outcome.remaining()));
         state.push_str(";t=");
-        state.push_str(itoa::Buffer::new().format(ceil_secs(outcome.reset_after)));
+        state.push_str(itoa::Buffer::new().format(ceil_secs(outcome.reset_after())));
     }
     if let Ok(state) = HeaderValue::try_from(state) {
         headers.insert(STATE, state);

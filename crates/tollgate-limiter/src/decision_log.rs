@@ -185,12 +185,12 @@ impl<C: Clock> DecisionLog<C> {
             .rules()
             .iter()
             .enumerate()
-            .filter(|(_, o)| !o.allowed)
-            .max_by_key(|(_, o)| o.retry_after)
+            .filter(|(_, o)| !o.allowed())
+            .max_by_key(|(_, o)| o.retry_after())
             .or_else(|| decision.rules().iter().enumerate().next())?;
-        let rule = match &refusing.name {
+        let rule = match refusing.name() {
             Some(name) => name.to_string(),
-            None => format!("{}.{index}", refusing.algorithm),
+            None => format!("{}.{index}", refusing.algorithm()),
         };
         let key = match self.settings.key {
             LoggedKey::Hash => format!("sha256:{}", secret_digest(key.as_bytes())),
@@ -203,8 +203,8 @@ impl<C: Clock> DecisionLog<C> {
             rule,
             key,
             cost,
-            limit: refusing.limit,
-            remaining: refusing.remaining,
+            limit: refusing.limit(),
+            remaining: refusing.remaining(),
             retry_after_ms,
             degraded,
             shadow,

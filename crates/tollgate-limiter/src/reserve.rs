@@ -263,8 +263,8 @@ fn validity(rules: &RuleSet, reply: &Decision, sent: Timestamp) -> (Timestamp, O
     for (rule, outcome) in rules.rules().zip(reply.rules()) {
         let valid = match rule.kind {
             RuleKind::FixedWindow { .. } => {
-                window = Some(window.map_or(outcome.reset_after, |w| w.min(outcome.reset_after)));
-                outcome.reset_after
+                window = Some(window.map_or(outcome.reset_after(), |w| w.min(outcome.reset_after())));
+                outcome.reset_after()
             }
             RuleKind::TokenBucket { capacity, refill, per } => {
                 refill_time(capacity, refill, per.as_duration())
@@ -282,16 +282,7 @@ fn validity(rules: &RuleSet, reply: &Decision, sent: Timestamp) -> (Timestamp, O
 /// as remaining and the waits shortened by the time since.
 fn report(reply: &Decision, sent: Timestamp, units: u64, now: Timestamp) -> Decision {
     let since = now.saturating_duration_since(sent);
-    let outcomes = reply
-        .rules()
-        .iter()
-        .map(|o| {
-            let mut o = o.clone();
-            o.remaining = o.remaining.saturating_add(units).min(o.limit);
-            o.reset_after = o.reset_after.saturating_sub(since);
-            o
-        })
-        .collect();
+    let outcomes = reply.rules().iter().map(|o| o.later(since, units)).collect();
     Decision::from_outcomes(outcomes)
 }
 
@@ -500,7 +491,7 @@ impl Reservations {
     /// Records a refused reservation (the reply `reply`): smaller blocks next.
     pub(crate) fn refused(&self, key: &str, policy: &Policy, reply: &Decision) {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
-        let left = reply.rules().iter().map(|o| o.remaining).min().unwrap_or(0);
+        let left = reply.rules().iter().map(|o| o.remaining()).min().unwrap_or(0);
         let hash = self.hash(&policy.name, key);
         let mut shard = lock(self.shard(hash));
         if let Some(entry) = shard.get_mut(&policy.name).and_then(|keys| keys.get_mut(key)) {

@@ -86,17 +86,7 @@ impl DenyCache {
             let entry = self.map.get(id.as_str())?;
             (now < entry.until && cost.max(1) >= entry.probe && entry.epoch == epoch).then(|| {
                 let elapsed = now - entry.sent;
-                let outcomes = entry
-                    .decision
-                    .rules()
-                    .iter()
-                    .map(|o| {
-                        let mut o = o.clone();
-                        o.retry_after = o.retry_after.saturating_sub(elapsed);
-                        o.reset_after = o.reset_after.saturating_sub(elapsed);
-                        o
-                    })
-                    .collect();
+                let outcomes = entry.decision.rules().iter().map(|o| o.later(elapsed, 0)).collect();
                 Decision::from_outcomes(outcomes)
             })
         };
@@ -157,9 +147,7 @@ mod tests {
 
     fn denied(retry_after: Duration) -> Decision {
         let rules = RuleSet::new([Rule::fixed_window(1, Period::SECOND)]).unwrap();
-        let mut outcome = Decision::admitted_unchecked(&rules).binding().clone();
-        (outcome.allowed, outcome.remaining) = (false, 0);
-        (outcome.retry_after, outcome.reset_after) = (retry_after, retry_after);
+        let outcome = rules.reported_outcome(0, false, 0, retry_after, retry_after).unwrap();
         Decision::from_outcomes(vec![outcome])
     }
 

@@ -77,12 +77,12 @@ fn denial_message(policy: &Policy, verdict: &Verdict, whom: &str) -> Option<Stri
     if verdict.allowed() {
         return None;
     }
-    policy.rules.rules().zip(verdict.decision.rules()).find(|(_, o)| !o.allowed).map(|(rule, o)| {
+    policy.rules.rules().zip(verdict.decision.rules()).find(|(_, o)| !o.allowed()).map(|(rule, o)| {
         let period = match rule.kind {
             tollgate_core::RuleKind::FixedWindow { period, .. } => period,
             _ => Period::HOUR,
         };
-        format!("Too Many Requests. We only allow {} requests per {} {whom}.", o.limit, unit(period))
+        format!("Too Many Requests. We only allow {} requests per {} {whom}.", o.limit(), unit(period))
     })
 }
 
@@ -218,12 +218,12 @@ pub async fn call_limits(
         body.degraded = verdict.degraded;
         for (rule, outcome) in policy.rules.rules().zip(verdict.decision.rules()) {
             if let Some(name) = rule.name.as_deref().and_then(|n| PERIODS.iter().find(|(p, _)| *p == n)) {
-                let made = outcome.limit.saturating_sub(outcome.remaining);
+                let made = outcome.limit().saturating_sub(outcome.remaining());
                 body.current_state.insert(
                     name.0,
                     PeriodState {
                         calls_made: i64::try_from(made).unwrap_or(i64::MAX),
-                        reset_in_seconds: i64::try_from(ceil_secs(outcome.reset_after)).unwrap_or(i64::MAX),
+                        reset_in_seconds: i64::try_from(ceil_secs(outcome.reset_after())).unwrap_or(i64::MAX),
                     },
                 );
             }

@@ -90,12 +90,12 @@ impl<'a> DecisionBody<'a> {
             .enumerate()
             .map(|(index, (rule, o))| RuleBody {
                 name: rule_name(rule, index),
-                algorithm: o.algorithm.as_str(),
-                allowed: o.allowed,
-                limit: o.limit,
-                remaining: o.remaining,
-                reset_after_ms: ceil_millis(o.reset_after),
-                retry_after_ms: ceil_millis(o.retry_after),
+                algorithm: o.algorithm().as_str(),
+                allowed: o.allowed(),
+                limit: o.limit(),
+                remaining: o.remaining(),
+                reset_after_ms: ceil_millis(o.reset_after()),
+                retry_after_ms: ceil_millis(o.retry_after()),
             })
             .collect();
         DecisionBody {

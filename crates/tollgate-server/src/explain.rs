@@ -175,12 +175,12 @@ pub(crate) async fn explain(
         .enumerate()
         .map(|(index, (rule, o))| RuleBody {
             name: rule_name(rule, index).into_owned().into(),
-            algorithm: o.algorithm.as_str(),
-            allowed: o.allowed && o.remaining >= need,
-            limit: o.limit,
-            remaining: o.remaining,
-            reset_after_ms: ceil_millis(o.reset_after),
-            retry_after_ms: ceil_millis(o.retry_after),
+            algorithm: o.algorithm().as_str(),
+            allowed: o.allowed() && o.remaining() >= need,
+            limit: o.limit(),
+            remaining: o.remaining(),
+            reset_after_ms: ceil_millis(o.reset_after()),
+            retry_after_ms: ceil_millis(o.retry_after()),
         })
         .collect();
     let refused_by: Vec<String> = rules.iter().filter(|r| !r.allowed).map(|r| r.name.to_string()).collect();

@@ -219,20 +219,19 @@ impl Live {
             bucket.denied = bucket.denied.saturating_add(1);
         }
         // The rule with the smallest fraction left.
-        let tightest = verdict.decision.rules().iter().enumerate().filter(|(_, o)| o.limit > 0).min_by(
+        let tightest = verdict.decision.rules().iter().enumerate().filter(|(_, o)| o.limit() > 0).min_by(
             |(_, a), (_, b)| {
-                (u128::from(a.remaining) * u128::from(b.limit))
-                    .cmp(&(u128::from(b.remaining) * u128::from(a.limit)))
+                (u128::from(a.remaining()) * u128::from(b.limit()))
+                    .cmp(&(u128::from(b.remaining()) * u128::from(a.limit())))
             },
         );
         if let Some((index, o)) = tightest {
-            let rule = || {
-                o.name.as_deref().map_or_else(|| format!("{}.{index}", o.algorithm.as_str()), str::to_owned)
-            };
-            let expires_ms = now_ms.saturating_add(ceil_millis(o.reset_after).max(1));
+            let rule =
+                || o.name().map_or_else(|| format!("{}.{index}", o.algorithm().as_str()), str::to_owned);
+            let expires_ms = now_ms.saturating_add(ceil_millis(o.reset_after()).max(1));
             let hash = self.keys.hash_one(key);
             live.forget_expired(now_ms);
-            live.record_near(key, hash, rule, o.remaining, o.limit, expires_ms);
+            live.record_near(key, hash, rule, o.remaining(), o.limit(), expires_ms);
         }
     }
 

@@ -328,11 +328,11 @@ pub async fn a_rule_keeps_one_state_across_rule_sets(h: &Harness<impl Backend>) 
     assert!(h.take(&key, &alone, 2).await.allowed());
     let d = h.take(&key, &with_others, 1).await;
     assert!(d.allowed());
-    assert_eq!(d.rules()[1].remaining, 2, "the fixed window counted 2 + 1");
+    assert_eq!(d.rules()[1].remaining(), 2, "the fixed window counted 2 + 1");
     assert_eq!(h.check(&key, &alone, 0).await.remaining(), 2);
     h.backend.reset(&key, &alone).await.unwrap();
     let d = h.check(&key, &with_others, 0).await;
-    assert_eq!((d.rules()[0].remaining, d.rules()[1].remaining, d.rules()[2].remaining), (3, 5, 8));
+    assert_eq!((d.rules()[0].remaining(), d.rules()[1].remaining(), d.rules()[2].remaining()), (3, 5, 8));
 }
 
 /// Reset puts every algorithm back to full.
@@ -343,7 +343,7 @@ pub async fn reset_restores_full(h: &Harness<impl Backend>) {
     assert!(!h.take(&key, &rules, 1).await.allowed());
     h.backend.reset(&key, &rules).await.unwrap();
     let d = h.check(&key, &rules, 0).await;
-    assert!(d.rules().iter().all(|o| o.remaining == 5 && o.reset_after.is_zero()), "{d:?}");
+    assert!(d.rules().iter().all(|o| o.remaining() == 5 && o.reset_after().is_zero()), "{d:?}");
     assert!(h.take(&key, &rules, 5).await.allowed());
 }
 
@@ -402,20 +402,20 @@ pub async fn multi_rule_all_or_nothing(h: &Harness<impl Backend>) {
     let key = h.key("multi");
     let d = h.check(&key, &rules, 2).await;
     assert!(d.allowed());
-    assert_eq!(d.binding().name.as_deref(), Some("rate")); // 0 left
+    assert_eq!(d.binding().name(), Some("rate")); // 0 left
     let d = h.check(&key, &rules, 2).await;
     assert!(!d.allowed());
-    let allowed: Vec<bool> = d.rules().iter().map(|o| o.allowed).collect();
+    let allowed: Vec<bool> = d.rules().iter().map(|o| o.allowed()).collect();
     assert_eq!(allowed, [true, false, true]);
-    assert_eq!(d.binding().name.as_deref(), Some("rate"));
+    assert_eq!(d.binding().name(), Some("rate"));
     assert_eq!(d.retry_after(), ms(2000));
-    let remaining: Vec<u64> = d.rules().iter().map(|o| o.remaining).collect();
+    let remaining: Vec<u64> = d.rules().iter().map(|o| o.remaining()).collect();
     assert_eq!(remaining, [3, 0, 2], "the denied check consumed nothing");
     h.advance(ms(2000));
     let d = h.check(&key, &rules, 2).await;
     assert!(d.allowed());
     // The minute log has 0 left now: it binds.
-    assert_eq!(d.binding().name.as_deref(), Some("minute"));
+    assert_eq!(d.binding().name(), Some("minute"));
     assert_eq!(d.remaining(), 0);
 }
 
@@ -462,9 +462,9 @@ pub async fn batch_is_all_or_nothing_across_keys(h: &Harness<impl Backend>) {
     }
     let d = h.batch(&batch).await;
     assert_eq!(allowed(&d), [true, false], "alice's rules admit, the route's refuse");
-    assert_eq!(d[0].rules()[0].remaining, 3, "alice's unit was not taken");
+    assert_eq!(d[0].rules()[0].remaining(), 3, "alice's unit was not taken");
     assert!(d[1].retry_after() > Duration::ZERO);
-    assert_eq!(h.check(&alice, &user, 0).await.rules()[0].remaining, 3);
+    assert_eq!(h.check(&alice, &user, 0).await.rules()[0].remaining(), 3);
     // Alone, alice is still admitted.
     assert!(h.check(&alice, &user, 1).await.allowed());
 }

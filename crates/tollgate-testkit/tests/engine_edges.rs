@@ -124,14 +124,14 @@ fn a_reported_outcome_is_completed_from_the_rule_set() {
         set([Rule::fixed_window(5, Period::SECOND), Rule::gcra(10, Period::SECOND, 3).named("burst")]);
     let (reset, retry) = (ms(300), ms(100));
     let denied = rules.reported_outcome(1, false, 0, reset, retry).unwrap();
-    assert_eq!(denied.name.as_deref(), Some("burst"));
-    assert_eq!(denied.algorithm.to_string(), "gcra");
-    assert_eq!((denied.allowed, denied.limit, denied.remaining), (false, 3, 0));
-    assert_eq!((denied.reset_after, denied.retry_after), (reset, retry));
+    assert_eq!(denied.name(), Some("burst"));
+    assert_eq!(denied.algorithm().to_string(), "gcra");
+    assert_eq!((denied.allowed(), denied.limit(), denied.remaining()), (false, 3, 0));
+    assert_eq!((denied.reset_after(), denied.retry_after()), (reset, retry));
     let admitted = rules.reported_outcome(0, true, 4, reset, retry).unwrap();
-    assert_eq!((admitted.name, admitted.algorithm.to_string()), (None, "fixed_window".to_string()));
-    assert_eq!((admitted.allowed, admitted.limit, admitted.remaining), (true, 5, 4));
-    assert_eq!((admitted.reset_after, admitted.retry_after), (reset, Duration::ZERO));
+    assert_eq!((admitted.name(), admitted.algorithm().to_string()), (None, "fixed_window".to_string()));
+    assert_eq!((admitted.allowed(), admitted.limit(), admitted.remaining()), (true, 5, 4));
+    assert_eq!((admitted.reset_after(), admitted.retry_after()), (reset, Duration::ZERO));
     assert!(rules.reported_outcome(2, true, 0, reset, retry).is_none());
 }
 
