@@ -26,7 +26,7 @@
 //! let decision = backend.execute_now("api-key-42", &rules, Operation::Check { cost: 4 })?;
 //! assert!(decision.allowed());
 //! assert_eq!(decision.remaining(), 6);
-//! assert_eq!(decision.binding().name.as_deref(), Some("second"));
+//! assert_eq!(decision.binding().name(), Some("second"));
 //!
 //! let denied = backend.execute_now("api-key-42", &rules, Operation::Check { cost: 7 })?;
 //! assert!(!denied.allowed());
