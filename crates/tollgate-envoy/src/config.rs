@@ -198,6 +198,9 @@ pub struct Node {
     /// Upstream's `metadata`, as a protobuf Struct: sent in the response's dynamic metadata
     /// when this node's limit admits a request (`None` when absent or empty).
     pub metadata: Option<Struct>,
+    /// The rule set of `limits`' rules, in order (`None` when it has none): made once, as the
+    /// configuration is loaded, rather than at every request.
+    pub rules: Option<RuleSet>,
     /// The descriptor's `key` and `value` as written (empty for a domain's root).
     key: String,
     value: Option<String>,
@@ -945,9 +948,10 @@ fn node(path: &str, spec: &DescriptorSpec, joined: &str, depth: usize) -> Result
             _ => None,
         })
         .collect();
-    if rules.len() > 1 {
-        RuleSet::new(rules)
+    if !rules.is_empty() {
+        let set = RuleSet::new(rules)
             .map_err(|e| within(&[Step::Field("rate_limits")], format!("rate_limits: {e}").into()))?;
+        out.rules = Some(set);
     }
     let inner = format!("{path}{joined}.");
     add_children(&mut out, &inner, spec.descriptors.as_deref().unwrap_or_default(), depth + 1)?;

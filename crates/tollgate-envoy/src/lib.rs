@@ -11,14 +11,17 @@ pub mod json;
 pub mod ops;
 mod server;
 mod service;
+mod stats;
 pub mod xds;
 
 pub use config::{Config, Domain, EnvoyConfigError};
 pub use server::EnvoyServer;
 pub use service::{
-    Charging, DEFAULT_STATS_MAX_KEY_PATHS, EnvoyService, HeaderNames, MAX_DESCRIPTORS, MAX_ENTRIES,
-    MAX_HEADER_NAME_BYTES, MAX_MERGED_METADATA_BYTES, MAX_TEXT_BYTES, OVERFLOW_KEY, UpstreamCounts,
-    header_name, names as metrics, near_limit_ratio, upstream_labels,
+    Charging, EnvoyService, HeaderNames, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_HEADER_NAME_BYTES,
+    MAX_MERGED_METADATA_BYTES, MAX_TEXT_BYTES, header_name, near_limit_ratio,
+};
+pub use stats::{
+    DEFAULT_STATS_MAX_KEY_PATHS, OVERFLOW_KEY, UpstreamCounts, names as metrics, upstream_labels,
 };
 
 use std::path::{Path, PathBuf};
@@ -30,6 +33,13 @@ use std::path::{Path, PathBuf};
 /// is not entered). Files are read in path order. Each file is one domain; two files of one
 /// domain are refused, or merged with `merge_domains` (upstream's `MERGE_DOMAIN_CONFIG`).
 pub fn load(path: &Path, merge_domains: bool) -> Result<Config, EnvoyConfigError> {
+    parse(&read(path)?, merge_domains)
+}
+
+/// The files [`load`] reads under `path`, each with its text, in the order it reads them: what
+/// a watcher compares to tell a change of the configuration from another file's write in its
+/// directory (a database, a log).
+pub fn read(path: &Path) -> Result<Vec<(PathBuf, String)>, EnvoyConfigError> {
     let files = if path.is_dir() {
         let mut files = Vec::new();
         collect(path, &mut files)?;
@@ -38,10 +48,20 @@ pub fn load(path: &Path, merge_domains: bool) -> Result<Config, EnvoyConfigError
     } else {
         vec![path.to_owned()]
     };
+    files
+        .into_iter()
+        .map(|file| {
+            let text = std::fs::read_to_string(&file).map_err(|e| read_error(&file, &e))?;
+            Ok((file, text))
+        })
+        .collect()
+}
+
+/// The configuration of files [`read`] (see [`load`]).
+pub fn parse(files: &[(PathBuf, String)], merge_domains: bool) -> Result<Config, EnvoyConfigError> {
     let mut config = Config::default();
-    for file in files {
-        let text = std::fs::read_to_string(&file).map_err(|e| read_error(&file, &e))?;
-        config.add_file(&text, &file.display().to_string(), merge_domains)?;
+    for (file, text) in files {
+        config.add_file(text, &file.display().to_string(), merge_domains)?;
     }
     Ok(config)
 }

@@ -27,6 +27,7 @@ use tollgate_limiter::{Check, LimitError, Limiter, Mode, Policy, Reserve, Verdic
 use tonic::{Request, Response, Status};
 
 use crate::config::{Domain, Limit, LimitKind, Unit, find};
+use crate::stats::{DEFAULT_STATS_MAX_KEY_PATHS, Hits, KeyPath, Stats, UpstreamCounts, names};
 
 /// Most descriptors in one request.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -34,159 +35,6 @@ pub const MAX_DESCRIPTORS: usize = 64;
 pub const MAX_ENTRIES: usize = 16;
 /// Longest domain, entry key or entry value, in bytes.
 pub const MAX_TEXT_BYTES: usize = 256;
-
-/// Metric names, upstream's where they exist, by `domain` and `descriptor` (the entry keys, or
-/// keys and values for `detailed_metric` descriptors).
-pub mod names {
-    /// Counter: hits (the sum of hits_addend).
-    pub const TOTAL_HITS: &str = "tollgate_envoy_total_hits";
-    /// Counter: hits refused.
-    pub const OVER_LIMIT: &str = "tollgate_envoy_over_limit";
-    /// Counter: hits admitted with more than the near-limit ratio of a limit used (upstream's
-    /// `NEAR_LIMIT_RATIO`, 0.8 by default).
-    pub const NEAR_LIMIT: &str = "tollgate_envoy_near_limit";
-    /// Counter: hits admitted.
-    pub const WITHIN_LIMIT: &str = "tollgate_envoy_within_limit";
-    /// Counter: hits a shadow-mode descriptor would have refused.
-    pub const SHADOW_MODE: &str = "tollgate_envoy_shadow_mode";
-    /// Counter: requests over the limit answered OK by the global shadow mode (upstream's
-    /// `global_shadow_mode`).
-    pub const GLOBAL_SHADOW_MODE: &str = "tollgate_envoy_global_shadow_mode";
-    /// Gauge: 1 while the xDS stream to the management server is open, 0 while it is being
-    /// reconnected (`--envoy-xds-server`).
-    pub const XDS_CONNECTED: &str = "tollgate_envoy_xds_connected";
-
-    /// Upstream's names as its Prometheus mapping exports them (`USE_PROMETHEUS`, or the
-    /// statsd_exporter mapping it ships), by `domain`, `key1` and (for a key path of two
-    /// levels or more) `key2`, counted as upstream counts them (see [`super::UpstreamCounts`]).
-    pub mod upstream {
-        /// Counter: hits of a limited descriptor.
-        pub const TOTAL_HITS: &str = "ratelimit_service_rate_limit_total_hits";
-        /// Counter: hits over the limit (shadow-mode ones included).
-        pub const OVER_LIMIT: &str = "ratelimit_service_rate_limit_over_limit";
-        /// Counter: hits past the near-limit threshold and within the limit.
-        pub const NEAR_LIMIT: &str = "ratelimit_service_rate_limit_near_limit";
-        /// Counter: hits of requests the descriptor admitted (near ones included).
-        pub const WITHIN_LIMIT: &str = "ratelimit_service_rate_limit_within_limit";
-        /// Counter: hits over the limit of a shadow-mode descriptor.
-        pub const SHADOW_MODE: &str = "ratelimit_service_rate_limit_shadow_mode";
-    }
-}
-
-/// The `key1` label of the hits of key paths past the bound (see
-/// [`EnvoyService::with_stats_max_key_paths`]): `|` never appears in a key path's labels
-/// (upstream's stat names turn it into `_`).
-pub const OVERFLOW_KEY: &str = "|overflow|";
-
-/// Distinct key paths counted by default, per family of names.
-pub const DEFAULT_STATS_MAX_KEY_PATHS: usize = 10_000;
-
-/// The label sets already counted, up to a bound: a stranger chooses the values that
-/// `detailed_metric`, `value_to_metric` and a request's own limit put in key paths.
-#[derive(Debug)]
-struct Seen {
-    max: usize,
-    upstream: std::sync::RwLock<HashSet<String>>,
-    legacy: std::sync::RwLock<HashSet<String>>,
-}
-
-impl Seen {
-    /// Whether `id` may have a series of its own in `set`: already there, or room left.
-    fn admit(&self, set: &std::sync::RwLock<HashSet<String>>, id: &str) -> bool {
-        // Known label sets, the usual case, only read.
-        if set.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(id) {
-            return true;
-        }
-        let mut set = set.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if set.contains(id) {
-            return true;
-        }
-        if set.len() >= self.max {
-            return false;
-        }
-        set.insert(id.to_owned());
-        true
-    }
-}
-
-/// Upstream's counting of one descriptor's hits (its `base_limiter.go`), from the counter
-/// before and after the hits, whether or not they were charged.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct UpstreamCounts {
-    /// The part of the hits past the limit.
-    pub over: u64,
-    /// The part past `floor(limit x ratio)` and up to the limit.
-    pub near: u64,
-    /// Every hit, when the limit admitted them all; none otherwise.
-    pub within: u64,
-    /// `over` again, for a shadow-mode descriptor.
-    pub shadow: u64,
-}
-
-impl UpstreamCounts {
-    /// `hits` on a counter at `before` under `limit`, as upstream splits them.
-    pub fn new(limit: u64, before: u64, hits: u64, ratio: f32, shadow: bool) -> Self {
-        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let near_at = (limit as f32 * ratio).floor() as u64;
-        let after = before.saturating_add(hits);
-        let mut c = UpstreamCounts::default();
-        if after > limit {
-            if before >= limit {
-                c.over = hits;
-            } else {
-                c.over = after - limit;
-                c.near = limit - near_at.max(before);
-            }
-            if shadow {
-                c.shadow = c.over;
-            }
-        } else {
-            if after > near_at {
-                c.near = if before >= near_at { hits } else { after - near_at };
-            }
-            c.within = hits;
-        }
-        c
-    }
-}
-
-/// Upstream's stat name sanitising (`SanitizeStatName`): `:` and `|` become `_`, and so do
-/// the dots of anything shaped like an IPv4 address (1 to 3 digits, four times).
-fn sanitize_stat_name(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = s.replace([':', '|'], "_").into_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        match ipv4_at(b, i) {
-            Some(end) => {
-                for o in &mut out[i..end] {
-                    if *o == b'.' {
-                        *o = b'_';
-                    }
-                }
-                i = end;
-            }
-            None => i += 1,
-        }
-    }
-    String::from_utf8(out).unwrap_or_default()
-}
-
-/// Where an IPv4-shaped run starting at `i` ends, preferring longer groups as a regular
-/// expression's greedy `\d{1,3}` does.
-fn ipv4_at(b: &[u8], i: usize) -> Option<usize> {
-    fn group(b: &[u8], i: usize, left: usize) -> Option<usize> {
-        let digits = b[i..].iter().take(3).take_while(|c| c.is_ascii_digit()).count();
-        (1..=digits).rev().find_map(|n| {
-            let end = i + n;
-            if left == 0 {
-                return Some(end);
-            }
-            (b.get(end) == Some(&b'.')).then_some(()).and_then(|()| group(b, end + 1, left - 1))
-        })
-    }
-    group(b, i, 3)
-}
 
 /// The names of the rate-limit response headers (upstream's `LIMIT_LIMIT_HEADER`,
 /// `LIMIT_REMAINING_HEADER` and `LIMIT_RESET_HEADER`).
@@ -277,7 +125,7 @@ pub struct EnvoyService {
     global_quota_mode: bool,
     charging: Charging,
     reserve: Reserve,
-    seen: Arc<Seen>,
+    stats: Arc<Stats>,
 }
 
 impl std::fmt::Debug for EnvoyService {
@@ -305,11 +153,7 @@ impl EnvoyService {
             global_quota_mode: false,
             charging: Charging::Each,
             reserve: Reserve::Off,
-            seen: Arc::new(Seen {
-                max: DEFAULT_STATS_MAX_KEY_PATHS,
-                upstream: std::sync::RwLock::default(),
-                legacy: std::sync::RwLock::default(),
-            }),
+            stats: Arc::new(Stats::new(DEFAULT_STATS_MAX_KEY_PATHS)),
         }
     }
 
@@ -317,11 +161,7 @@ impl EnvoyService {
     /// Tollgate's); the hits of a new key path past the bound are counted under
     /// `key1="|overflow|"` (`descriptor="|overflow|"` for Tollgate's names).
     pub fn with_stats_max_key_paths(mut self, max: usize) -> Self {
-        self.seen = Arc::new(Seen {
-            max,
-            upstream: std::sync::RwLock::default(),
-            legacy: std::sync::RwLock::default(),
-        });
+        self.stats = Arc::new(Stats::new(max));
         self
     }
 
@@ -428,12 +268,20 @@ struct Planned<'a> {
     shared: Vec<Option<&'a str>>,
     /// The matched node's `metadata` (none for a request's own limit, as upstream).
     metadata: Option<&'a Struct>,
+    /// The rule set of `limits`' rules, when the matched node's holds them all (made when the
+    /// configuration was loaded); otherwise the check makes one.
+    rules: Option<RuleSet>,
 }
 
 impl Planned<'_> {
     /// Whether its refusal refuses the request on its own.
     fn enforced(&self) -> bool {
         !self.shadow && !self.quota
+    }
+
+    /// Its key path in `domain`, as its hits are labelled.
+    fn key_path<'p>(&'p self, domain: &'p str) -> KeyPath<'p> {
+        KeyPath { domain, entries: &self.entries, detailed: self.detailed, stat_path: &self.stat_path }
     }
 }
 
@@ -480,6 +328,7 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
         shared: vec![None; entries.len()],
         entries,
         metadata: None,
+        rules: None,
     };
     // An unknown domain limits nothing, the request's own limit included (upstream's rule).
     let Some(domain) = domain else { return planned };
@@ -524,6 +373,7 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
         };
         planned.shared = m.shared;
         planned.metadata = m.node.metadata.as_ref();
+        planned.rules = m.node.rules.clone();
     }
     planned
 }
@@ -544,7 +394,12 @@ fn drop_replaced(planned: &mut [Planned<'_>]) {
         return;
     }
     for p in planned.iter_mut().filter(|p| !p.unlimited) {
+        let before = p.limits.len();
         p.limits.retain(|l| l.name.as_ref().is_none_or(|n| !replaced.contains(n)));
+        if p.limits.len() < before {
+            // The node's rule set holds a limit dropped: the check makes its own.
+            p.rules = None;
+        }
     }
 }
 
@@ -623,20 +478,20 @@ fn answer(
     items: &[Item<'_, '_>],
     verdicts: &[Verdict],
     ratio: f32,
-    seen: &Seen,
+    stats: &Stats,
 ) -> DescriptorStatus {
     match outcome {
         Outcome::Free => status(Code::Ok, None, 0, Duration::ZERO),
         Outcome::Unlimited => status(Code::Ok, None, u64::from(u32::MAX), Duration::ZERO),
         Outcome::Blocked(at) => {
             let limit = p.limits[*at].as_ref();
-            count_hits(&labels(domain, p, seen), p.hits, p.shadow, true, false);
+            let hits = Hits { hits: p.hits, shadow: p.shadow, over: true, near: false };
             // A limit of 0: every hit over it, whatever the counter held.
-            count_upstream(domain, p, &UpstreamCounts::new(0, 0, p.hits, ratio, p.shadow), seen);
+            stats.count(p.key_path(domain), hits, &UpstreamCounts::new(0, 0, p.hits, ratio, p.shadow));
             let code = if p.shadow { Code::Ok } else { Code::OverLimit };
             status(code, Some(limit), 0, aligned_reset(limit.unit))
         }
-        Outcome::Checked(at) => descriptor_status(domain, &items[*at], &verdicts[*at], ratio, seen),
+        Outcome::Checked(at) => descriptor_status(domain, &items[*at], &verdicts[*at], ratio, stats),
     }
 }
 
@@ -655,65 +510,22 @@ struct Item<'p, 'a> {
     charged: bool,
 }
 
-/// The metric labels of a descriptor in Tollgate's names (`descriptor="|overflow|"` past the
-/// bound of label sets).
-fn labels(domain: &str, p: &Planned<'_>, seen: &Seen) -> [(&'static str, String); 2] {
-    let label = match p.detailed {
-        true => p.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect::<Vec<_>>().join("."),
-        false => p.entries.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join("."),
-    };
-    let label = match seen.admit(&seen.legacy, &format!("{domain}\n{label}")) {
-        true => label,
-        false => OVERFLOW_KEY.to_owned(),
-    };
-    [("domain", domain.to_owned()), ("descriptor", label)]
-}
-
-/// Upstream's Prometheus labels of a stat key path, as its mapping makes them: the stat name
-/// `<domain>.<key path>` sanitised and split at its dots into `domain`, `key1` and, when there
-/// are more levels, `key2` (deeper levels are not labelled).
-pub fn upstream_labels(domain: &str, stat_path: &str) -> Vec<(&'static str, String)> {
-    let name = sanitize_stat_name(&format!("{domain}.{stat_path}"));
-    let mut parts = name.split('.');
-    let mut labels = vec![("domain", parts.next().unwrap_or_default().to_owned())];
-    labels.push(("key1", parts.next().unwrap_or_default().to_owned()));
-    if let Some(key2) = parts.next() {
-        labels.push(("key2", key2.to_owned()));
-    }
-    labels
-}
-
-/// Counts a descriptor's hits under upstream's names.
-fn count_upstream(domain: &str, p: &Planned<'_>, c: &UpstreamCounts, seen: &Seen) {
-    use names::upstream as n;
-    let mut labels = upstream_labels(domain, &p.stat_path);
-    let id: Vec<&str> = labels.iter().map(|(_, v)| v.as_str()).collect();
-    if !seen.admit(&seen.upstream, &id.join("\n")) {
-        labels = vec![("domain", labels[0].1.clone()), ("key1", OVERFLOW_KEY.to_owned())];
-    }
-    ::metrics::counter!(n::TOTAL_HITS, &labels).increment(p.hits);
-    for (name, value) in [
-        (n::OVER_LIMIT, c.over),
-        (n::NEAR_LIMIT, c.near),
-        (n::WITHIN_LIMIT, c.within),
-        (n::SHADOW_MODE, c.shadow),
-    ] {
-        // Every family of a key path is registered, as upstream creates them together.
-        ::metrics::counter!(name, &labels).increment(value);
-    }
-}
-
 impl<'p, 'a> Item<'p, 'a> {
     /// The check of `p`, whose limits hold at least one rule and no block; `mode` places it in
     /// the limiter's batch (shadow: decided alone).
     fn new(domain: &str, p: &'p Planned<'a>, mode: Mode, reserve: Reserve) -> Result<Self, Status> {
         let limited: Vec<&Limit> =
             p.limits.iter().map(AsRef::as_ref).filter(|l| matches!(l.kind, LimitKind::Rule(_))).collect();
-        let rules = limited.iter().filter_map(|l| match &l.kind {
-            LimitKind::Rule(r) => Some(r.clone()),
-            _ => None,
-        });
-        let set = RuleSet::new(rules).map_err(|e| Status::internal(e.to_string()))?;
+        let set = match &p.rules {
+            Some(set) => set.clone(),
+            None => {
+                let rules = limited.iter().filter_map(|l| match &l.kind {
+                    LimitKind::Rule(r) => Some(r.clone()),
+                    _ => None,
+                });
+                RuleSet::new(rules).map_err(|e| Status::internal(e.to_string()))?
+            }
+        };
         // Values sharing a threshold are counted under their wildcard.
         let key = if p.shared.iter().any(Option::is_some) {
             let entries: Vec<(String, String)> = p
@@ -761,7 +573,7 @@ impl EnvoyService {
             .iter()
             .zip(&outcomes)
             .map(|(p, outcome)| {
-                answer(&req.domain, p, outcome, &items, &verdicts, self.near_limit_ratio, &self.seen)
+                answer(&req.domain, p, outcome, &items, &verdicts, self.near_limit_ratio, &self.stats)
             })
             .collect();
         Ok(self.response(&req, &planned, &outcomes, statuses))
@@ -887,17 +699,17 @@ fn descriptor_status(
     item: &Item<'_, '_>,
     verdict: &Verdict,
     ratio: f32,
-    seen: &Seen,
+    stats: &Stats,
 ) -> DescriptorStatus {
     let d = &verdict.decision;
     let p = item.planned;
     let over = item.impossible || !d.allowed();
-    count_hits(&labels(domain, p, seen), p.hits, p.shadow, over, near(d, ratio));
+    let hits = Hits { hits: p.hits, shadow: p.shadow, over, near: near(d, ratio) };
     // Upstream's counts from the binding rule's counter before these hits.
     let o = d.binding();
     let used = o.limit().saturating_sub(o.remaining());
     let before = if item.charged { used.saturating_sub(p.hits) } else { used };
-    count_upstream(domain, p, &UpstreamCounts::new(o.limit(), before, p.hits, ratio, p.shadow), seen);
+    stats.count(p.key_path(domain), hits, &UpstreamCounts::new(o.limit(), before, p.hits, ratio, p.shadow));
     let code = if over && !p.shadow { Code::OverLimit } else { Code::Ok };
     let binding = d.rules().iter().position(|o| std::ptr::eq(o, d.binding())).unwrap_or(0);
     let limit = item.limited.get(binding).copied();
@@ -913,18 +725,6 @@ fn near(d: &Decision, ratio: f32) -> bool {
         let threshold = (o.limit() as f32 * ratio).floor() as u64;
         o.limit().saturating_sub(o.remaining()) > threshold
     })
-}
-
-/// Upstream's hit counters: every hit, then shadow-mode, over, near or within.
-fn count_hits(labels: &[(&'static str, String); 2], hits: u64, shadow: bool, over: bool, near: bool) {
-    ::metrics::counter!(names::TOTAL_HITS, labels).increment(hits);
-    let name = match (over, shadow) {
-        (true, true) => names::SHADOW_MODE,
-        (true, false) => names::OVER_LIMIT,
-        (false, _) if near => names::NEAR_LIMIT,
-        (false, _) => names::WITHIN_LIMIT,
-    };
-    ::metrics::counter!(name, labels).increment(hits);
 }
 
 fn text(s: impl Into<String>) -> ProtoValue {
@@ -1143,34 +943,5 @@ mod tests {
         let reset = aligned_reset(Some(Unit::Minute));
         assert!(reset > Duration::ZERO && reset <= Duration::from_secs(60), "{reset:?}");
         assert_eq!(aligned_reset(None), Duration::ZERO);
-    }
-
-    #[test]
-    fn stat_names_are_sanitised_as_upstream() {
-        assert_eq!(sanitize_stat_name("edge.remote_address_10.0.0.1"), "edge.remote_address_10_0_0_1");
-        assert_eq!(sanitize_stat_name("a:b|c.1234.5.6.7.8"), "a_b_c.1234_5_6_7.8");
-        assert_eq!(sanitize_stat_name("v1.2.3"), "v1.2.3");
-        assert_eq!(
-            upstream_labels("edge", "user.tier_gold.more"),
-            vec![
-                ("domain", "edge".to_owned()),
-                ("key1", "user".to_owned()),
-                ("key2", "tier_gold".to_owned())
-            ]
-        );
-    }
-
-    #[test]
-    fn hits_are_split_as_upstreams_base_limiter_splits_them() {
-        let c = |before, hits| UpstreamCounts::new(10, before, hits, 0.8, false);
-        let counts = |c: UpstreamCounts| [c.over, c.near, c.within, c.shadow];
-        assert_eq!(counts(c(0, 7)), [0, 0, 7, 0]);
-        assert_eq!(counts(c(7, 2)), [0, 1, 2, 0]);
-        assert_eq!(counts(c(8, 2)), [0, 2, 2, 0]);
-        assert_eq!(counts(c(9, 3)), [2, 1, 0, 0]);
-        assert_eq!(counts(c(5, 10)), [5, 2, 0, 0]);
-        assert_eq!(counts(c(10, 4)), [4, 0, 0, 0]);
-        assert_eq!(counts(UpstreamCounts::new(10, 9, 3, 0.8, true)), [2, 1, 0, 2]);
-        assert_eq!(counts(UpstreamCounts::new(0, 0, 3, 0.8, false)), [3, 0, 0, 0]);
     }
 }

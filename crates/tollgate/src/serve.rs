@@ -365,19 +365,33 @@ fn watch_envoy(
 ) -> anyhow::Result<tollgate_config::Watcher> {
     let (path, service) = (path.to_owned(), service.clone());
     reloaded("envoy", None);
-    tollgate_config::watch_path(&path.clone(), move || match tollgate_envoy::load(&path, merge) {
-        Ok(config) => {
-            let names: Vec<&str> = config.domains.iter().map(|d| d.name.as_str()).collect();
-            tracing::info!(domains = ?names, "Envoy configuration reloaded");
-            for warning in &config.warnings {
-                tracing::warn!("Envoy configuration: {warning}");
+    // Every write in the directory wakes the watcher (a database or a log beside the file, say):
+    // the configuration is parsed again only when its files' text changed.
+    let mut last = tollgate_envoy::read(&path).ok();
+    tollgate_config::watch_path(&path.clone(), move || {
+        let parsed = tollgate_envoy::read(&path).and_then(|files| {
+            if last.as_ref() == Some(&files) {
+                return Ok(None);
             }
-            service.replace_domains(config.domains);
-            reloaded("envoy", Some(true));
-        }
-        Err(e) => {
-            reloaded("envoy", Some(false));
-            tracing::error!(error = %e, "Envoy configuration reload refused; the last good one stays")
+            let config = tollgate_envoy::parse(&files, merge);
+            last = Some(files);
+            config.map(Some)
+        });
+        match parsed {
+            Ok(None) => {}
+            Ok(Some(config)) => {
+                let names: Vec<&str> = config.domains.iter().map(|d| d.name.as_str()).collect();
+                tracing::info!(domains = ?names, "Envoy configuration reloaded");
+                for warning in &config.warnings {
+                    tracing::warn!("Envoy configuration: {warning}");
+                }
+                service.replace_domains(config.domains);
+                reloaded("envoy", Some(true));
+            }
+            Err(e) => {
+                reloaded("envoy", Some(false));
+                tracing::error!(error = %e, "Envoy configuration reload refused; the last good one stays")
+            }
         }
     })
     .context("cannot watch the Envoy configuration")

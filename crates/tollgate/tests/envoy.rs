@@ -700,6 +700,29 @@ async fn the_yaml_is_reloaded_and_a_broken_one_refused() {
     assert_eq!(codes(&mut client, one()).await.0, Code::OverLimit);
 }
 
+/// Writes to other files of the YAML's directory (a database, a log) wake the watcher but do
+/// not reload the configuration: only a change of its own text does.
+#[tokio::test]
+async fn writes_beside_the_yaml_do_not_reload_it() {
+    let (server, mut client, dir, _) = start().await;
+    let reloads = || server.logs().matches("Envoy configuration reloaded").count();
+    for n in 0..5 {
+        std::fs::write(dir.path().join("beside.log"), format!("line {n}\n")).unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(reloads(), 0, "{}", server.logs());
+    // The watcher is alive: a change of the YAML itself is applied, once.
+    replace(&dir.path().join("edge.yaml"), &reloaded_yaml(3));
+    let applied = eventually(Duration::from_secs(10), || async {
+        reloaded_limit(&mut client.clone()).await == Some(3)
+    });
+    assert!(applied.await, "not reloaded:\n{}", server.logs());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(reloads(), 1, "{}", server.logs());
+    assert_eq!(reloaded_limit(&mut client).await, Some(3));
+}
+
 /// A Kubernetes ConfigMap mounted as `--envoy-config DIR`: kubelet swaps the `..data` symlink
 /// to a new directory in one rename; the new files apply, read once (the `..` copies are
 /// skipped); a subfolder's files are read and watched too.
