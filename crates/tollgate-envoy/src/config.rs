@@ -17,6 +17,7 @@
 //!   first wildcard in file order, else its key alone.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value as ProtoValue};
@@ -25,6 +26,7 @@ use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_yaml_ng::Value;
 use tollgate_core::{Period, Rule, RuleSet};
+use tollgate_limiter::Policy;
 
 /// Most descriptor levels a configuration nests.
 pub const MAX_DEPTH: usize = 16;
@@ -201,6 +203,8 @@ pub struct Node {
     /// The rule set of `limits`' rules, in order (`None` when it has none): made once, as the
     /// configuration is loaded, rather than at every request.
     pub rules: Option<RuleSet>,
+    /// The policy checking `rules`, made at the first request ([`Node::policy`]).
+    policy: OnceLock<Policy>,
     /// The descriptor's `key` and `value` as written (empty for a domain's root).
     key: String,
     value: Option<String>,
@@ -211,6 +215,13 @@ pub struct Node {
 }
 
 impl Node {
+    /// The policy named `domain` (this node's) that checks its rules, `None` without rules:
+    /// one kept per node, so that its metrics' counters are registered once, not per request.
+    pub fn policy(&self, domain: &str) -> Option<&Policy> {
+        let rules = self.rules.as_ref()?;
+        Some(self.policy.get_or_init(|| Policy::enforce(domain, rules.clone())))
+    }
+
     /// Whether nothing nests under this node.
     pub fn is_leaf(&self) -> bool {
         self.children.is_empty()

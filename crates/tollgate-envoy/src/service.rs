@@ -26,7 +26,7 @@ use tollgate_limiter::keyspace::envoy_key;
 use tollgate_limiter::{Check, LimitError, Limiter, Mode, Policy, Reserve, Verdict};
 use tonic::{Request, Response, Status};
 
-use crate::config::{Domain, Limit, LimitKind, Unit, find};
+use crate::config::{Domain, Limit, LimitKind, Node, Unit, find};
 use crate::stats::{DEFAULT_STATS_MAX_KEY_PATHS, Hits, KeyPath, Stats, UpstreamCounts, names};
 
 /// Most descriptors in one request.
@@ -268,9 +268,9 @@ struct Planned<'a> {
     shared: Vec<Option<&'a str>>,
     /// The matched node's `metadata` (none for a request's own limit, as upstream).
     metadata: Option<&'a Struct>,
-    /// The rule set of `limits`' rules, when the matched node's holds them all (made when the
-    /// configuration was loaded); otherwise the check makes one.
-    rules: Option<RuleSet>,
+    /// The matched node while `limits` are all its own: its policy checks them (made once);
+    /// otherwise the check makes one.
+    whole_node: Option<&'a Node>,
 }
 
 impl Planned<'_> {
@@ -328,7 +328,7 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
         shared: vec![None; entries.len()],
         entries,
         metadata: None,
-        rules: None,
+        whole_node: None,
     };
     // An unknown domain limits nothing, the request's own limit included (upstream's rule).
     let Some(domain) = domain else { return planned };
@@ -373,7 +373,7 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
         };
         planned.shared = m.shared;
         planned.metadata = m.node.metadata.as_ref();
-        planned.rules = m.node.rules.clone();
+        planned.whole_node = Some(m.node);
     }
     planned
 }
@@ -397,8 +397,8 @@ fn drop_replaced(planned: &mut [Planned<'_>]) {
         let before = p.limits.len();
         p.limits.retain(|l| l.name.as_ref().is_none_or(|n| !replaced.contains(n)));
         if p.limits.len() < before {
-            // The node's rule set holds a limit dropped: the check makes its own.
-            p.rules = None;
+            // The node's policy holds a limit dropped: the check makes its own.
+            p.whole_node = None;
         }
     }
 }
@@ -516,14 +516,14 @@ impl<'p, 'a> Item<'p, 'a> {
     fn new(domain: &str, p: &'p Planned<'a>, mode: Mode, reserve: Reserve) -> Result<Self, Status> {
         let limited: Vec<&Limit> =
             p.limits.iter().map(AsRef::as_ref).filter(|l| matches!(l.kind, LimitKind::Rule(_))).collect();
-        let set = match &p.rules {
-            Some(set) => set.clone(),
+        let policy = match p.whole_node.and_then(|node| node.policy(domain)) {
+            Some(policy) => policy.clone(),
             None => {
                 let rules = limited.iter().filter_map(|l| match &l.kind {
                     LimitKind::Rule(r) => Some(r.clone()),
                     _ => None,
                 });
-                RuleSet::new(rules).map_err(|e| Status::internal(e.to_string()))?
+                Policy::enforce(domain, RuleSet::new(rules).map_err(|e| Status::internal(e.to_string()))?)
             }
         };
         // Values sharing a threshold are counted under their wildcard.
@@ -542,7 +542,7 @@ impl<'p, 'a> Item<'p, 'a> {
             planned: p,
             key,
             policy: {
-                let policy = Policy::enforce(domain, set).with_mode(mode);
+                let policy = policy.with_mode(mode);
                 // Rules that cannot take reservations (sliding windows) check every request.
                 if reserve.is_on() { policy.clone().with_reserve(reserve).unwrap_or(policy) } else { policy }
             },

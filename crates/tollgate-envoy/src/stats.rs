@@ -236,36 +236,45 @@ impl Stats {
     /// Tollgate's series of `path`: labelled `domain` and `descriptor` (the entry keys, or
     /// `key_value`s when detailed, joined by `.`).
     fn legacy_series(&self, path: KeyPath<'_>) -> Arc<Series> {
-        let label = match path.detailed {
-            true => path.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect::<Vec<_>>().join("."),
-            false => path.entries.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join("."),
-        };
-        let id = format!("{}\n{label}", path.domain);
         let domain = path.domain;
-        self.series(
-            &self.legacy,
-            id,
-            domain,
-            || vec![("domain", domain.to_owned()), ("descriptor", label)],
-            || vec![("domain", domain.to_owned()), ("descriptor", OVERFLOW_KEY.to_owned())],
-            &LEGACY,
-        )
+        with_id(|id| {
+            id.push_str(domain);
+            id.push('\n');
+            for (i, (k, v)) in path.entries.iter().enumerate() {
+                if i > 0 {
+                    id.push('.');
+                }
+                id.push_str(k);
+                if path.detailed {
+                    id.push('_');
+                    id.push_str(v);
+                }
+            }
+            let label = &id[domain.len() + 1..];
+            let labels = || vec![("domain", domain.to_owned()), ("descriptor", label.to_owned())];
+            let overflow = || vec![("domain", domain.to_owned()), ("descriptor", OVERFLOW_KEY.to_owned())];
+            self.series(&self.legacy, id, domain, labels, overflow, &LEGACY)
+        })
     }
 
     /// Upstream's series of `path`: [`upstream_labels`] of its stat key path. Known by the
     /// path before sanitising (two paths that sanitise alike share one series, each taking a
     /// place under the bound).
     fn upstream_series(&self, path: KeyPath<'_>) -> Arc<Series> {
-        let id = format!("{}\n{}", path.domain, path.stat_path);
         let domain = path.domain;
-        let labels = || upstream_labels(domain, path.stat_path);
-        let overflow = || {
-            let mut labels = upstream_labels(domain, "");
-            labels.truncate(1);
-            labels.push(("key1", OVERFLOW_KEY.to_owned()));
-            labels
-        };
-        self.series(&self.upstream, id, domain, labels, overflow, &UPSTREAM)
+        with_id(|id| {
+            id.push_str(domain);
+            id.push('\n');
+            id.push_str(path.stat_path);
+            let labels = || upstream_labels(domain, path.stat_path);
+            let overflow = || {
+                let mut labels = upstream_labels(domain, "");
+                labels.truncate(1);
+                labels.push(("key1", OVERFLOW_KEY.to_owned()));
+                labels
+            };
+            self.series(&self.upstream, id, domain, labels, overflow, &UPSTREAM)
+        })
     }
 
     /// The series of `id` in `family`: known, or new while there is room, or else the
@@ -273,27 +282,44 @@ impl Stats {
     fn series(
         &self,
         family: &RwLock<Family>,
-        id: String,
+        id: &str,
         domain: &str,
         labels: impl FnOnce() -> Vec<(&'static str, String)>,
         overflow: impl FnOnce() -> Vec<(&'static str, String)>,
         names: &'static [&'static str; 5],
     ) -> Arc<Series> {
         // Known label sets, the usual case, only read.
-        if let Some(series) = family.read().unwrap_or_else(PoisonError::into_inner).admitted.get(&id) {
+        if let Some(series) = family.read().unwrap_or_else(PoisonError::into_inner).admitted.get(id) {
             return Arc::clone(series);
         }
         let mut family = family.write().unwrap_or_else(PoisonError::into_inner);
         let family = &mut *family;
-        if let Some(series) = family.admitted.get(&id) {
+        if let Some(series) = family.admitted.get(id) {
             return Arc::clone(series);
         }
         if family.admitted.len() < self.max {
-            return Arc::clone(family.admitted.entry(id).or_insert_with(|| Series::new(labels(), names)));
+            let series = Series::new(labels(), names);
+            family.admitted.insert(id.to_owned(), Arc::clone(&series));
+            return series;
         }
         // Domains are the configuration's (an unknown one limits nothing), so these are few.
         Arc::clone(family.overflow.entry(domain.to_owned()).or_insert_with(|| Series::new(overflow(), names)))
     }
+}
+
+/// Calls `f` with an empty buffer this thread keeps for series ids: a known series is found
+/// without allocating.
+fn with_id<R>(f: impl FnOnce(&mut String) -> R) -> R {
+    thread_local! {
+        static ID: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    ID.with(|id| match id.try_borrow_mut() {
+        Ok(mut id) => {
+            id.clear();
+            f(&mut id)
+        }
+        Err(_) => f(&mut String::new()),
+    })
 }
 
 /// Upstream's Prometheus labels of a stat key path, as its mapping makes them: the stat name

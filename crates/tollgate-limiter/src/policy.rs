@@ -181,8 +181,10 @@ impl Outcome {
 
 /// A policy's decision counters ([`DECISIONS`](crate::metrics::DECISIONS) by [`Outcome`], and
 /// [`NEAR_LIMIT`](crate::metrics::NEAR_LIMIT)), each registered with the metrics recorder when
-/// first counted rather than looked up by its labels at every decision. Nothing is allocated
-/// until then, so a policy made for one request (Envoy's descriptors) costs what the lookup did.
+/// first counted rather than looked up by its labels at every decision, and shared by the
+/// policy's clones (a policy kept and cloned for each request, as Envoy's descriptors are,
+/// registers them once). Nothing is allocated until then, so a policy made for one request
+/// costs what the lookup did.
 #[derive(Clone, Default)]
 pub(crate) struct PolicyCounters {
     /// The name the counters are labelled with: the policy's at its first count.
@@ -237,7 +239,7 @@ pub struct Policy {
     /// Whether hot keys are answered from reserved blocks ([`Reserve::Off`] unless set).
     pub reserve: Reserve,
     /// Its metrics' counters.
-    pub(crate) counters: PolicyCounters,
+    pub(crate) counters: Arc<PolicyCounters>,
 }
 
 impl Policy {
@@ -250,7 +252,7 @@ impl Policy {
             mode: Mode::Enforce,
             on_limit: OnLimit::Reject,
             reserve: Reserve::Off,
-            counters: PolicyCounters::default(),
+            counters: Arc::default(),
         }
     }
 
@@ -368,7 +370,7 @@ mod tests {
             let rules = RuleSet::new([tollgate_core::Rule::fixed_window(5, Period::SECOND)]).unwrap();
             let policy = Policy::enforce("a", rules);
             policy.counters.count_decision(&policy.name, Outcome::Allowed);
-            // A clone keeps the counters; renamed, it labels its own decisions.
+            // A clone shares the counters; renamed, it labels its own decisions.
             let mut renamed = policy.clone();
             renamed.name = "b".into();
             renamed.counters.count_decision(&renamed.name, Outcome::Denied);
