@@ -366,20 +366,21 @@ fn watch_envoy(
     let (path, service) = (path.to_owned(), service.clone());
     reloaded("envoy", None);
     // Every write in the directory wakes the watcher (a database or a log beside the file, say):
-    // the configuration is parsed again only when its files' text changed.
-    let mut last = tollgate_envoy::read(&path).ok();
+    // the configuration is parsed again only when what it reads changed (its files' text, or
+    // the error reading them, which is then not logged again at each write beside it).
+    let mut last = tollgate_envoy::read(&path).map_err(|e| e.to_string());
     tollgate_config::watch_path(&path.clone(), move || {
-        let parsed = tollgate_envoy::read(&path).and_then(|files| {
-            if last.as_ref() == Some(&files) {
-                return Ok(None);
-            }
-            let config = tollgate_envoy::parse(&files, merge);
-            last = Some(files);
-            config.map(Some)
-        });
+        let now = tollgate_envoy::read(&path).map_err(|e| e.to_string());
+        if now == last {
+            return;
+        }
+        let parsed = match &now {
+            Ok(files) => tollgate_envoy::parse(files, merge).map_err(|e| e.to_string()),
+            Err(e) => Err(e.clone()),
+        };
+        last = now;
         match parsed {
-            Ok(None) => {}
-            Ok(Some(config)) => {
+            Ok(config) => {
                 let names: Vec<&str> = config.domains.iter().map(|d| d.name.as_str()).collect();
                 tracing::info!(domains = ?names, "Envoy configuration reloaded");
                 for warning in &config.warnings {

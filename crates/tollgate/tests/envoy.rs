@@ -723,6 +723,23 @@ async fn writes_beside_the_yaml_do_not_reload_it() {
     assert_eq!(reloaded_limit(&mut client).await, Some(3));
 }
 
+/// A YAML that cannot be read is refused once, not again at every write beside it.
+#[tokio::test]
+async fn a_missing_yaml_is_refused_once() {
+    let (server, mut client, dir, _) = start().await;
+    std::fs::remove_file(dir.path().join("edge.yaml")).unwrap();
+    let refused = eventually(Duration::from_secs(10), || async { server.logs().contains("reload refused") });
+    assert!(refused.await, "{}", server.logs());
+    for n in 0..4 {
+        std::fs::write(dir.path().join("beside.log"), format!("line {n}\n")).unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.logs().matches("reload refused").count(), 1, "{}", server.logs());
+    // The last good configuration still answers.
+    assert_eq!(answer(&mut client, request(vec![descriptor(&[("reloaded", "x")])])).await.0, Code::Ok);
+}
+
 /// A Kubernetes ConfigMap mounted as `--envoy-config DIR`: kubelet swaps the `..data` symlink
 /// to a new directory in one rename; the new files apply, read once (the `..` copies are
 /// skipped); a subfolder's files are read and watched too.
