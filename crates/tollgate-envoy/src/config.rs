@@ -209,7 +209,7 @@ pub struct Node {
     key: String,
     value: Option<String>,
     /// Children by `key_value` (or `key`).
-    children: HashMap<String, Node>,
+    children: HashMap<String, Node, foldhash::fast::RandomState>,
     /// The children whose `key_value` holds a `*`, in file order.
     wildcards: Vec<Wildcard>,
 }
@@ -1170,12 +1170,21 @@ pub struct Match<'a> {
 
 /// The child of `node` an entry leads to: its exact `key_value`, else the first wildcard that
 /// matches it, else its key alone. The wildcard's `key_value` when one matched.
-fn step<'a>(node: &'a Node, key: &str, value: &str) -> Option<(&'a Node, Option<&'a str>)> {
-    let joined = format!("{key}_{value}");
-    if let Some(next) = node.children.get(&joined) {
+fn step<'a>(
+    node: &'a Node,
+    key: &str,
+    value: &str,
+    joined: &mut String,
+) -> Option<(&'a Node, Option<&'a str>)> {
+    // `key_value`, written into the caller's buffer: one allocation for the whole walk.
+    joined.clear();
+    joined.push_str(key);
+    joined.push('_');
+    joined.push_str(value);
+    if let Some(next) = node.children.get(joined.as_str()) {
         return Some((next, None));
     }
-    if let Some(w) = node.wildcards.iter().find(|w| wildcard_match(&w.parts, &joined)) {
+    if let Some(w) = node.wildcards.iter().find(|w| wildcard_match(&w.parts, joined)) {
         return node.children.get(&w.joined).map(|next| (next, Some(w.joined.as_str())));
     }
     node.children.get(key).map(|next| (next, None))
@@ -1188,18 +1197,19 @@ pub fn find<'a>(root: &'a Node, entries: &[(String, String)]) -> Option<Match<'a
     let mut node = root;
     let mut shared = vec![None; entries.len()];
     let mut stat_path = String::new();
+    let mut joined = String::new();
     for (i, (key, value)) in entries.iter().enumerate() {
-        let (next, wildcard) = step(node, key, value)?;
-        let prefix = format!("{key}_");
+        let (next, wildcard) = step(node, key, value, &mut joined)?;
+        let prefix = &joined[..key.len() + 1];
         if let Some(joined) = wildcard.filter(|_| next.share_threshold) {
             // The pattern's value part, as upstream trims the entry's key from it.
-            shared[i] = Some(joined.strip_prefix(prefix.as_str()).unwrap_or(joined));
+            shared[i] = Some(joined.strip_prefix(prefix).unwrap_or(joined));
         }
         // The value this level puts in the stat key path, as upstream chooses it.
         let stat_value = match wildcard {
             Some(_) if shared[i].is_some() => shared[i].unwrap_or_default(),
             Some(_) if next.value_to_metric => value.as_str(),
-            Some(joined) => joined.strip_prefix(prefix.as_str()).unwrap_or(joined),
+            Some(joined) => joined.strip_prefix(prefix).unwrap_or(joined),
             // Matched by `key_value` (a descriptor with a value, or a key holding the join).
             None if next.value.is_some() || next.key != *key => value.as_str(),
             None if next.value_to_metric => value.as_str(),
