@@ -202,7 +202,7 @@ pub struct Node {
     pub metadata: Option<Struct>,
     /// The rule set of `limits`' rules, in order (`None` when it has none): made once, as the
     /// configuration is loaded, rather than at every request.
-    pub rules: Option<RuleSet>,
+    rules: Option<RuleSet>,
     /// The policy checking `rules`, made at the first request ([`Node::policy`]).
     policy: OnceLock<Policy>,
     /// The descriptor's `key` and `value` as written (empty for a domain's root).

@@ -215,7 +215,7 @@ impl Stats {
 
     /// Counts a limited descriptor's hits in both families: Tollgate's every hit, then
     /// shadow-mode, over, near or within; upstream's as [`UpstreamCounts`] splits them.
-    pub(crate) fn count(&self, path: KeyPath<'_>, hits: Hits, upstream: &UpstreamCounts) {
+    pub(crate) fn count(&self, path: KeyPath<'_>, hits: Hits, c: &UpstreamCounts) {
         let legacy = self.legacy_series(path);
         legacy.increment(0, hits.hits);
         let family = match (hits.over, hits.shadow) {
@@ -226,7 +226,6 @@ impl Stats {
         };
         legacy.increment(family, hits.hits);
         let series = self.upstream_series(path);
-        let c = upstream;
         for (family, by) in [hits.hits, c.over, c.near, c.within, c.shadow].into_iter().enumerate() {
             // Every family of a key path is registered, as upstream creates them together.
             series.increment(family, by);
