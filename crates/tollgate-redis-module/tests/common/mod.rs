@@ -98,32 +98,35 @@ pub struct Entry {
     pub ttl: i64,
 }
 
-/// Every key of `conn`'s server with its value and TTL.
+/// Every key of `conn`'s server with its value and TTL. Names and values are read as bytes and
+/// shown as text (lossily): a random call may write a key whose name is not UTF-8.
 pub fn dump(conn: &mut redis::Connection) -> BTreeMap<String, Entry> {
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(conn).expect("KEYS");
+    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+    let pairs = |v: Vec<(Vec<u8>, Vec<u8>)>| v.into_iter().map(|(k, v)| (text(k), text(v))).collect();
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(conn).expect("KEYS");
     keys.into_iter()
         .filter_map(|key| {
             let kind: String = redis::cmd("TYPE").arg(&key).query(conn).expect("TYPE");
             let value: BTreeMap<String, String> = match kind.as_str() {
-                "hash" => redis::cmd("HGETALL").arg(&key).query(conn).expect("HGETALL"),
-                "zset" => redis::cmd("ZRANGE")
-                    .arg(&key)
-                    .arg(0)
-                    .arg(-1)
-                    .arg("WITHSCORES")
-                    .query::<Vec<(String, String)>>(conn)
-                    .expect("ZRANGE")
-                    .into_iter()
-                    .collect(),
+                "hash" => pairs(redis::cmd("HGETALL").arg(&key).query(conn).expect("HGETALL")),
+                "zset" => pairs(
+                    redis::cmd("ZRANGE")
+                        .arg(&key)
+                        .arg(0)
+                        .arg(-1)
+                        .arg("WITHSCORES")
+                        .query(conn)
+                        .expect("ZRANGE"),
+                ),
                 "string" => {
-                    let v: String = redis::cmd("GET").arg(&key).query(conn).expect("GET");
-                    BTreeMap::from([(String::new(), v)])
+                    let v: Vec<u8> = redis::cmd("GET").arg(&key).query(conn).expect("GET");
+                    BTreeMap::from([(String::new(), text(v))])
                 }
                 "none" => return None, // expired between KEYS and TYPE
-                other => panic!("{key} holds a {other}, which no test writes"),
+                other => panic!("{} holds a {other}, which no test writes", text(key)),
             };
             let ttl: i64 = redis::cmd("PTTL").arg(&key).query(conn).expect("PTTL");
-            Some((key, Entry { kind, value, ttl }))
+            Some((text(key), Entry { kind, value, ttl }))
         })
         .collect()
 }
