@@ -283,6 +283,14 @@ impl Limiter {
         if let Some(answered) = self.check_now(key, policy, cost) {
             return answered;
         }
+        // Boxed: the awaited path's state (a backend call, a reservation, a delay: about 1.5 KiB)
+        // would otherwise size this future, and every caller's around it, for the in-process
+        // answer as well, which the server then allocates and copies on each request.
+        Box::pin(self.check_awaited(key, policy, cost)).await
+    }
+
+    /// [`check`](Self::check) when it was not answered now: in its span, if one is wanted.
+    async fn check_awaited(&self, key: &str, policy: &Policy, cost: u64) -> Result<Verdict, LimitError> {
         let span = self.decision_span("check", || policy.name.to_string(), 1, cost);
         if span.is_disabled() {
             return self.check_untraced(key, policy, cost).await;

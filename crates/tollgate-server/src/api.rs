@@ -301,7 +301,8 @@ pub async fn check(
             return match &explainer {
                 Some(caller) => {
                     let subject = Subject { key: &target.key, policy: target.policy.clone(), named: None };
-                    explain(&state, caller, subject, req.cost, field).await
+                    // Boxed, as below: explaining is rare, and its state would size every check.
+                    Box::pin(explain(&state, caller, subject, req.cost, field)).await
                 }
                 None => check_target(&state, target, req.cost).await,
             };
@@ -318,7 +319,7 @@ pub async fn check(
     let policy = resolve(&state, req.policy.as_deref(), req.limits, InlineUse::Stores)?;
     if let Some(caller) = &explainer {
         let subject = Subject { key: &key, policy: Some(policy), named: req.policy.as_deref() };
-        return explain(&state, caller, subject, req.cost, field).await;
+        return Box::pin(explain(&state, caller, subject, req.cost, field)).await;
     }
     let verdict = state.limiter.check(&key, &policy, req.cost).await.map_err(|e| limit_problem(e, field))?;
     state.live.record(&policy.name, &key, req.cost, &verdict);
