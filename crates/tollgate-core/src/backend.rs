@@ -101,6 +101,14 @@ pub trait Backend: Send + Sync {
         Ok(decisions)
     }
 
+    /// [`check_planned`](Self::check_planned) without awaiting, for a backend that decides in
+    /// process; `None`, the default, for one that must await I/O. As
+    /// [`try_execute_now`](Self::try_execute_now), for a batch: an Envoy request comes this way.
+    fn try_check_planned_now(&self, batch: &BatchPlan<'_>) -> Option<Result<Vec<Decision>, Error>> {
+        let _ = batch;
+        None
+    }
+
     /// Admits `cost` units if every rule allows, all or nothing; a cost of 0 peeks.
     async fn check(&self, key: &str, rules: &RuleSet, cost: u64) -> Result<Decision, Error> {
         self.execute(key, rules, Operation::Check { cost }).await

@@ -711,4 +711,8 @@ impl<C: Clock> Backend for MemoryBackend<C> {
     async fn check_planned(&self, batch: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
         self.check_planned_now(batch)
     }
+
+    fn try_check_planned_now(&self, batch: &BatchPlan<'_>) -> Option<Result<Vec<Decision>, Error>> {
+        Some(self.check_planned_now(batch))
+    }
 }

@@ -383,6 +383,37 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn check_all(&self, checks: &[Check<'_>]) -> Result<JointVerdict, LimitError> {
+        if let Some(answered) = self.check_all_now(checks) {
+            return answered;
+        }
+        // Boxed, as in `check`: the awaited path's state would size every caller's future.
+        Box::pin(self.check_all_awaited(checks)).await
+    }
+
+    /// [`check_all`](Self::check_all) answered without awaiting, where it can be, as
+    /// [`check_now`](Self::check_now) answers one check: `None`, having asked and counted
+    /// nothing, under a policy that reserves, when a decision span is wanted, or on a backend
+    /// that must be awaited.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate_core::{MemoryBackend, Period, Rule, RuleSet};
+    /// use tollgate_limiter::{Check, Limiter, LimiterSettings, Policy};
+    ///
+    /// let limiter = Limiter::new(Arc::new(MemoryBackend::new()), "memory", LimiterSettings::default());
+    /// let once = Policy::enforce("once", RuleSet::new([Rule::fixed_window(1, Period::MINUTE)]).unwrap());
+    /// let with = |other| [Check { key: "a", policy: &once, cost: 1 }, Check { key: other, policy: &once, cost: 1 }];
+    /// assert!(limiter.check_all_now(&with("b")).unwrap().unwrap().admitted);
+    /// assert!(!limiter.check_all_now(&with("c")).unwrap().unwrap().admitted); // "a" is spent
+    /// assert!(limiter.check_now("c", &once, 1).unwrap().unwrap().allowed()); // so "c" was not taken
+    /// ```
+    pub fn check_all_now(&self, checks: &[Check<'_>]) -> Option<Result<JointVerdict, LimitError>> {
+        let decided = self.decide_checks_now(checks, &Check::parts(checks))?;
+        Some(decided.map(|decisions| self.joint_verdict(checks, decisions)))
+    }
+
+    /// [`check_all`](Self::check_all) when it was not answered now: in its span, if one is wanted.
+    async fn check_all_awaited(&self, checks: &[Check<'_>]) -> Result<JointVerdict, LimitError> {
         let span = self.batch_span("check_all", checks);
         if span.is_disabled() {
             return self.check_all_untraced(checks).await;
@@ -397,6 +428,12 @@ impl Limiter {
     /// [`check_all`](Self::check_all) itself, outside its span.
     async fn check_all_untraced(&self, checks: &[Check<'_>]) -> Result<JointVerdict, LimitError> {
         let decisions = self.decide_checks(checks, &Check::parts(checks), true).await?;
+        Ok(self.joint_verdict(checks, decisions))
+    }
+
+    /// The verdicts of a joint batch, recorded: an enforced check is taken only if all were
+    /// admitted.
+    fn joint_verdict(&self, checks: &[Check<'_>], decisions: Vec<(Decision, bool)>) -> JointVerdict {
         let verdicts: Vec<Verdict> =
             checks.iter().zip(decisions).map(|(c, d)| self.verdict(c.policy, d)).collect();
         let admitted = verdicts.iter().all(|v| v.allowed());
@@ -404,7 +441,7 @@ impl Limiter {
             let taken = admitted || check.policy.mode == Mode::Shadow;
             self.record(check.key, check.policy, check.cost, verdict, taken);
         }
-        Ok(JointVerdict { admitted, verdicts })
+        JointVerdict { admitted, verdicts }
     }
 
     /// Checks several keys in one backend call, each decided on its own: a check is consumed
@@ -434,6 +471,22 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn check_each(&self, checks: &[Check<'_>]) -> Result<Vec<Verdict>, LimitError> {
+        if let Some(answered) = self.check_each_now(checks) {
+            return answered;
+        }
+        Box::pin(self.check_each_awaited(checks)).await
+    }
+
+    /// [`check_each`](Self::check_each) answered without awaiting, where it can be (as
+    /// [`check_all_now`](Self::check_all_now)).
+    pub fn check_each_now(&self, checks: &[Check<'_>]) -> Option<Result<Vec<Verdict>, LimitError>> {
+        let decided = self.decide_checks_now(checks, &each_parts(checks))?;
+        Some(decided.map(|decisions| self.each_verdicts(checks, decisions)))
+    }
+
+    /// [`check_each`](Self::check_each) when it was not answered now: in its span, if one is
+    /// wanted.
+    async fn check_each_awaited(&self, checks: &[Check<'_>]) -> Result<Vec<Verdict>, LimitError> {
         let span = self.batch_span("check_each", checks);
         if span.is_disabled() {
             return self.check_each_untraced(checks).await;
@@ -447,18 +500,18 @@ impl Limiter {
 
     /// [`check_each`](Self::check_each) itself, outside its span.
     async fn check_each_untraced(&self, checks: &[Check<'_>]) -> Result<Vec<Verdict>, LimitError> {
-        let parts: Vec<Part<'_>> = checks
-            .iter()
-            .zip(0..)
-            .map(|(c, group)| Part::new(c.key, &c.policy.rules, c.cost).in_group(group))
-            .collect();
-        let decisions = self.decide_checks(checks, &parts, false).await?;
+        let decisions = self.decide_checks(checks, &each_parts(checks), false).await?;
+        Ok(self.each_verdicts(checks, decisions))
+    }
+
+    /// The verdicts of a batch decided check by check, recorded.
+    fn each_verdicts(&self, checks: &[Check<'_>], decisions: Vec<(Decision, bool)>) -> Vec<Verdict> {
         let verdicts: Vec<Verdict> =
             checks.iter().zip(decisions).map(|(c, d)| self.verdict(c.policy, d)).collect();
         for (check, verdict) in checks.iter().zip(&verdicts) {
             self.record(check.key, check.policy, check.cost, verdict, true);
         }
-        Ok(verdicts)
+        verdicts
     }
 
     /// Like [`check`](Self::check), with concurrency rules holding the units under a new lease
@@ -641,6 +694,44 @@ impl Limiter {
         metrics::counter!(m::RESERVE_BLOCKS, "policy" => name.clone(), "result" => "taken").increment(1);
         metrics::counter!(m::RESERVED_DECISIONS, "policy" => name).increment(1);
         Some(table.taken(key, policy, cost, size, sent, reply))
+    }
+
+    /// [`decide_checks`](Self::decide_checks) without awaiting, where it can be: no check
+    /// reserves, no decision span is wanted, and the primary backend (or, its breaker open,
+    /// the failure policy) answers at once. `None` otherwise, having asked nothing.
+    fn decide_checks_now(
+        &self,
+        checks: &[Check<'_>],
+        parts: &[Part<'_>],
+    ) -> Option<Result<Vec<(Decision, bool)>, LimitError>> {
+        if debug_spans_wanted() || checks.iter().any(|c| c.policy.reserve.is_on() && c.cost > 0) {
+            return None;
+        }
+        let primary = &*self.inner.primary;
+        if let [part] = parts {
+            // A batch of one part (an Envoy request of one descriptor) is a lone operation: no
+            // plan to make (its cost fits each rule, which `validate` sees, so it fits the
+            // group), refused in the batch's words.
+            if let Err(error) = part.op.validate(part.key, part.rules) {
+                return Some(Err(LimitError::Invalid(Error::InPart { part: 0, error: Box::new(error) })));
+            }
+            let decided = self.answer_now(
+                || primary.try_execute_now(part.key, part.rules, part.op),
+                || Decision::admitted_unchecked(part.rules),
+                |fallback| fallback.execute_now(part.key, part.rules, part.op),
+            )?;
+            return Some(decided.map(|(decision, degraded)| vec![(decision, degraded)]));
+        }
+        let plan = match BatchPlan::new(parts) {
+            Ok(plan) => plan,
+            Err(e) => return Some(Err(LimitError::Invalid(e))),
+        };
+        let decided = self.answer_now(
+            || primary.try_check_planned_now(&plan),
+            || plan.parts().iter().map(|p| Decision::admitted_unchecked(p.rules)).collect(),
+            |fallback| fallback.check_planned_now(&plan),
+        )?;
+        Some(decided.map(|(decisions, degraded)| decisions.into_iter().map(|d| (d, degraded)).collect()))
     }
 
     /// The decisions of a batch of `checks` (`parts`: their parts as the batch groups them;
@@ -1101,6 +1192,15 @@ fn breaker_open() -> Error {
 /// `debug_span!`, which, while no subscriber has ever been set, still builds a disabled span's
 /// fields to hand them to the `log` crate (tracing's `log` feature, which a dependency turns on):
 /// ~600 instructions a decision, the policy names' `String` among them, for nothing.
+/// The parts of a batch decided check by check: each its own group.
+fn each_parts<'a>(checks: &[Check<'a>]) -> Vec<Part<'a>> {
+    checks
+        .iter()
+        .zip(0..)
+        .map(|(c, group)| Part::new(c.key, &c.policy.rules, c.cost).in_group(group))
+        .collect()
+}
+
 fn debug_spans_wanted() -> bool {
     Level::DEBUG <= STATIC_MAX_LEVEL && Level::DEBUG <= LevelFilter::current()
 }

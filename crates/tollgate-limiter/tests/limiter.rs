@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tollgate_core::{
-    Backend, BatchPlan, Clock, Decision, Error, MemoryBackend, Operation, Period, Rule, RuleSet, Timestamp,
+    Backend, BatchPlan, Clock, Decision, Error, MemoryBackend, Operation, Part, Period, Rule, RuleSet,
+    Timestamp,
 };
 use tollgate_limiter::{
     BreakerState, Check, FailurePolicy, LimitError, Limiter, LimiterSettings, Mode, OnLimit, Policy,
@@ -77,8 +78,14 @@ impl Backend for Flaky {
             .then(|| self.fail().and_then(|()| self.inner.execute_now(key, rules, op)))
     }
     async fn check_planned(&self, batch: &BatchPlan<'_>) -> Result<Vec<Decision>, Error> {
+        self.awaited.fetch_add(1, Ordering::Relaxed);
         self.fail()?;
         self.inner.check_planned_now(batch)
+    }
+    fn try_check_planned_now(&self, batch: &BatchPlan<'_>) -> Option<Result<Vec<Decision>, Error>> {
+        self.at_once
+            .load(Ordering::Relaxed)
+            .then(|| self.fail().and_then(|()| self.inner.check_planned_now(batch)))
     }
     async fn reset(&self, key: &str, rules: &RuleSet) -> Result<(), Error> {
         self.fail()?;
@@ -110,6 +117,61 @@ async fn local_fallback_decides_with_the_same_rules_and_says_degraded() {
     assert!(limiter.check("k", &p, 1).await.unwrap().allowed());
     let v = limiter.check("k", &p, 1).await.unwrap();
     assert!(v.degraded && !v.allowed(), "the local limiter enforces the limit too");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_answered_at_once_is_taken_as_awaited_ones_are_and_fails_alike() {
+    let backend = Flaky::new();
+    backend.at_once.store(true, Ordering::Relaxed);
+    let settings = LimiterSettings {
+        on_failure: FailurePolicy::Closed,
+        failure_threshold: 2,
+        ..LimiterSettings::default()
+    };
+    let limiter = Limiter::new(backend.clone(), "flaky", settings);
+    let (one, three) = (policy(1), policy(3));
+    let both = |a: &'static str| {
+        [Check { key: a, policy: &one, cost: 1 }, Check { key: "shared", policy: &three, cost: 1 }]
+    };
+    assert!(limiter.check_all(&both("a")).await.unwrap().admitted);
+    // "a" is spent: all or nothing, "shared" is not taken, at once as when awaited.
+    let refused = limiter.check_all_now(&both("a")).expect("a memory backend answers at once").unwrap();
+    assert!(!refused.admitted && refused.verdicts[1].allowed(), "{refused:?}");
+    let each = limiter.check_each_now(&both("b")).unwrap().unwrap();
+    assert!(each[0].allowed() && each[1].allowed());
+    assert_eq!(each[1].decision.remaining(), 1, "shared was taken twice of three, not three times");
+    assert_eq!(backend.awaited.load(Ordering::Relaxed), 0, "answered without `check_planned`");
+    // Invalid input is refused at once, before the backend.
+    let calls = backend.calls.load(Ordering::Relaxed);
+    let too_much = [Check { key: "c", policy: &one, cost: 2 }];
+    let Some(Err(LimitError::Invalid(refused))) = limiter.check_all_now(&too_much) else {
+        panic!("not refused")
+    };
+    // A batch of one part is decided as a lone operation, but refused as its plan refuses it.
+    let planned = BatchPlan::new(&[Part::new("c", &one.rules, 2)]).unwrap_err();
+    assert_eq!(format!("{refused:?}"), format!("{planned:?}"));
+    assert_eq!(backend.calls.load(Ordering::Relaxed), calls);
+    let solo = [Check { key: "solo", policy: &one, cost: 1 }];
+    assert!(limiter.check_all_now(&solo).unwrap().unwrap().admitted);
+    assert!(!limiter.check_each_now(&solo).unwrap().unwrap()[0].allowed());
+    assert_eq!(backend.calls.load(Ordering::Relaxed), calls + 2, "each asked the backend once");
+    // Failures at once count as awaited ones do: the failure policy answers (closed: refused),
+    // and the breaker opens at its threshold.
+    backend.down.store(true, Ordering::Relaxed);
+    for _ in 0..2 {
+        assert!(matches!(limiter.check_all(&both("d")).await, Err(LimitError::Unavailable(_))));
+    }
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    // A backend that cannot answer at once is not asked, and nothing is counted.
+    backend.at_once.store(false, Ordering::Relaxed);
+    backend.down.store(false, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+    let calls = backend.calls.load(Ordering::Relaxed);
+    assert!(limiter.check_all_now(&both("e")).is_none() && limiter.check_each_now(&both("e")).is_none());
+    assert_eq!(backend.calls.load(Ordering::Relaxed), calls);
+    assert!(limiter.check_all(&both("e")).await.unwrap().admitted);
+    assert_eq!(backend.awaited.load(Ordering::Relaxed), 1, "awaited instead");
 }
 
 #[tokio::test(start_paused = true)]
