@@ -20,12 +20,6 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-/// mimalloc rather than glibc's malloc: a request's allocations outrun glibc's per-thread cache
-/// (seven chunks a size), so its frees spill into bins that each request's read buffer then
-/// consolidates; measured in docs/benchmarks.md ("The allocator").
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// The version and the commit it was built from (build.rs; "unknown" outside a git checkout).
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("TOLLGATE_COMMIT"), ")");
 
