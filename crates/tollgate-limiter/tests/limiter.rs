@@ -119,16 +119,18 @@ async fn local_fallback_decides_with_the_same_rules_and_says_degraded() {
     assert!(v.degraded && !v.allowed(), "the local limiter enforces the limit too");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_batch_answered_at_once_is_taken_as_awaited_ones_are_and_fails_alike() {
+/// A backend answering at once, and a limiter over it whose breaker opens after two failures.
+fn answering_at_once(on_failure: FailurePolicy) -> (Arc<Flaky>, Limiter) {
     let backend = Flaky::new();
     backend.at_once.store(true, Ordering::Relaxed);
-    let settings = LimiterSettings {
-        on_failure: FailurePolicy::Closed,
-        failure_threshold: 2,
-        ..LimiterSettings::default()
-    };
+    let settings = LimiterSettings { on_failure, failure_threshold: 2, ..LimiterSettings::default() };
     let limiter = Limiter::new(backend.clone(), "flaky", settings);
+    (backend, limiter)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_answered_at_once_is_taken_as_awaited_ones_are_and_fails_alike() {
+    let (backend, limiter) = answering_at_once(FailurePolicy::Closed);
     let (one, three) = (policy(1), policy(3));
     let both = |a: &'static str| {
         [Check { key: a, policy: &one, cost: 1 }, Check { key: "shared", policy: &three, cost: 1 }]
@@ -176,14 +178,7 @@ async fn a_batch_answered_at_once_is_taken_as_awaited_ones_are_and_fails_alike()
 
 #[tokio::test(start_paused = true)]
 async fn an_answer_at_once_is_taken_as_awaited_ones_are_and_fails_alike() {
-    let backend = Flaky::new();
-    backend.at_once.store(true, Ordering::Relaxed);
-    let settings = LimiterSettings {
-        on_failure: FailurePolicy::Local,
-        failure_threshold: 2,
-        ..LimiterSettings::default()
-    };
-    let limiter = Limiter::new(backend.clone(), "flaky", settings);
+    let (backend, limiter) = answering_at_once(FailurePolicy::Local);
     let p = policy(3);
     let v = limiter.check("k", &p, 1).await.unwrap();
     assert!(v.allowed() && !v.degraded);
