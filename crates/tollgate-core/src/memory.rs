@@ -3,12 +3,13 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
+use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
 use crate::algorithm::State;
@@ -228,12 +229,12 @@ impl Keys {
     }
 
     fn get(&self, hash: u64, key: &str) -> Option<&(Arc<str>, Entry)> {
-        self.table.find(hash, |(name, _)| **name == *key)
+        self.table.find(hash, |(name, _)| same_key(name, key))
     }
 
     #[inline(always)] // on every decision's path: a call there costs more than the probe
     fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
-        self.table.find_mut(hash, |(name, _)| **name == *key).map(|(_, entry)| entry)
+        self.table.find_mut(hash, |(name, _)| same_key(name, key)).map(|(_, entry)| entry)
     }
 
     fn contains(&self, hash: u64, key: &str) -> bool {
@@ -250,7 +251,7 @@ impl Keys {
     }
 
     fn remove(&mut self, hash: u64, key: &str) {
-        if let Ok(found) = self.table.find_entry(hash, |(name, _)| **name == *key) {
+        if let Ok(found) = self.table.find_entry(hash, |(name, _)| same_key(name, key)) {
             found.remove();
         }
     }
@@ -258,6 +259,25 @@ impl Keys {
     fn len(&self) -> usize {
         self.table.len()
     }
+}
+
+/// `a == b`. Keys of 8 to 16 bytes (most callers': `user:1234`, an IP address) are compared as
+/// two overlapping words, without the call to `memcmp` that `==` makes, which costs more than
+/// the comparison on the path of every decision.
+#[inline(always)]
+fn same_key(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    if (8..=16).contains(&n) {
+        let word = |s: &[u8], at: usize| {
+            s.get(at..at + 8).map(|w| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8])))
+        };
+        return word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8);
+    }
+    a == b
 }
 
 /// A share of the keys, under one lock.
@@ -365,6 +385,20 @@ impl States for Found<'_> {
     }
 }
 
+/// The states of one operation's rules when a key holds them in the rule set's order: rule `i`
+/// is `held[i]`.
+struct InOrder<'a>(&'a mut [HeldState]);
+
+impl States for InOrder<'_> {
+    fn get(&mut self, rule: usize) -> &mut State {
+        &mut self.0[rule].state
+    }
+
+    fn expires(&mut self, rule: usize, at: Option<i64>) {
+        self.0[rule].expires_at = at.unwrap_or(i64::MIN);
+    }
+}
+
 /// A batch group's states, moved out of the map while the group runs.
 struct Taken(SmallVec<[State; 8]>);
 
@@ -417,17 +451,38 @@ impl Entry {
     /// records when the entry expires.
     #[inline(never)] // out of the way of the one-rule path, whose code it would spread
     fn run(&mut self, rules: &RuleSet, op: Operation<'_>, now: i64, outcomes: &mut Outcomes) {
-        let index = self.find(rules);
-        engine::run(rules, op, now, &mut Found { held: &mut self.states, index: &index }, outcomes);
+        let compiled = rules.compiled();
+        // A key checked under one rule set holds its states in the set's order (the commonest
+        // case): they are reached by position, without finding each and indexing through.
+        let states = &mut self.states[..];
+        let in_order = states.len() >= compiled.len()
+            && compiled.iter().zip(states.iter()).all(|(rule, s)| Arc::ptr_eq(&s.signature, &rule.signature));
+        if in_order {
+            engine::run(rules, op, now, &mut InOrder(states), outcomes);
+        } else {
+            let index = self.find(rules);
+            engine::run(rules, op, now, &mut Found { held: &mut self.states, index: &index }, outcomes);
+        }
         self.refresh_expiry();
     }
 
-    /// Records the new expiry of a set of one rule's state, `states[at]` ([`engine::run_one`]
-    /// found it). (Several rules' are recorded by [`engine::run`], through [`Found`].)
+    /// Runs a set of one rule on its state, `states[at]` (`run` answers when the state expires
+    /// after, as [`engine::run_one`] does), and records the new expiry. (Several rules' are
+    /// recorded by [`engine::run`], through [`Found`].) The states are reached once: each
+    /// access to a `SmallVec` asks whether it has spilled.
     #[inline(always)]
-    fn settle_one(&mut self, at: usize, expires_at: Option<i64>) {
-        self.states[at].expires_at = expires_at.unwrap_or(i64::MIN);
-        self.refresh_expiry();
+    fn run_one(&mut self, at: usize, run: impl FnOnce(&mut State) -> Option<i64>) {
+        let states = &mut self.states[..];
+        let alone = states.len() == 1;
+        let Some(held) = states.get_mut(at) else { return };
+        let expires_at = run(&mut held.state).unwrap_or(i64::MIN);
+        held.expires_at = expires_at;
+        // A key of one state (the commonest) expires with it: no search for the latest.
+        if alone {
+            self.expires_at = expires_at;
+        } else {
+            self.refresh_expiry();
+        }
     }
 
     /// The entry can go when its last state has expired.
@@ -464,10 +519,12 @@ impl<C: Clock> MemoryBackend<C> {
         ((hash >> 32) as usize) & (self.shards.len() - 1)
     }
 
-    /// Locks a shard. A panic while one was held cannot have left a state half-written (states
-    /// are replaced whole), so a poisoned lock is used as is.
+    /// Locks a shard. parking_lot's lock rather than std's: a decision takes one, and std's
+    /// asks on taking and on leaving it whether the thread is panicking (to poison it), which
+    /// costs more than the lock itself on this path. A panic while a lock was held cannot have
+    /// left a state half-written (states are replaced whole), so poisoning would guard nothing.
     fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
-        self.shards[shard].lock().unwrap_or_else(PoisonError::into_inner)
+        self.shards[shard].lock()
     }
 
     /// The backend's clock.
@@ -505,8 +562,7 @@ impl<C: Clock> MemoryBackend<C> {
                 // One rule (the commonest set): its state found and settled without an index.
                 [rule] => {
                     let at = entry.find_one(rule, 0);
-                    let expires_at = engine::run_one(rules, op, now, &mut entry.states[at].state, outcomes);
-                    entry.settle_one(at, expires_at);
+                    entry.run_one(at, |state| engine::run_one(rules, op, now, state, outcomes));
                 }
                 _ => entry.run(rules, op, now, outcomes),
             }
@@ -714,5 +770,35 @@ impl<C: Clock> Backend for MemoryBackend<C> {
 
     fn try_check_planned_now(&self, batch: &BatchPlan<'_>) -> Option<Result<Vec<Decision>, Error>> {
         Some(self.check_planned_now(batch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_key;
+
+    proptest::proptest! {
+        /// The word-wise comparison answers as `==` does, at every length, for keys that differ
+        /// in one byte anywhere (the words overlap for lengths 9 to 15) or not at all.
+        #[test]
+        fn keys_compare_as_equality_does(
+            key in proptest::collection::vec(proptest::num::u8::ANY, 0..24),
+            at in proptest::num::usize::ANY,
+            flip in 1u8..,
+            shorter in proptest::bool::ANY,
+        ) {
+            let a: String = key.iter().map(|&b| char::from(b'a' + b % 26)).collect();
+            let mut b = a.clone().into_bytes();
+            if !b.is_empty() {
+                let at = at % b.len();
+                b[at] = b'a' + (b[at] - b'a' + flip % 26) % 26;
+            }
+            if shorter {
+                b.pop();
+            }
+            let b = String::from_utf8(b).expect("letters");
+            proptest::prop_assert_eq!(same_key(&a, &b), a == b);
+            proptest::prop_assert!(same_key(&a, &a));
+        }
     }
 }

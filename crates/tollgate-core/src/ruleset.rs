@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::algorithm::{self, Admission, AnyAlgorithm, Report};
 use crate::decision::RuleOutcome;
 use crate::limits::{MAX_CONCURRENCY_LIMIT, MAX_COUNT, MAX_LOG_LIMIT, MAX_NAME_BYTES, MAX_RULES};
-use crate::{Rule, RuleError, RuleKind};
+use crate::{AlgorithmName, Rule, RuleError, RuleKind};
 
 #[derive(Debug)]
 pub(crate) struct CompiledRule {
@@ -14,6 +14,10 @@ pub(crate) struct CompiledRule {
     pub(crate) name: Option<Arc<str>>,
     pub(crate) signature: Arc<str>,
     pub(crate) algorithm: AnyAlgorithm,
+    /// `algorithm`'s capacity and `rule`'s algorithm name, kept: every outcome reports both,
+    /// and each is a `match` to work out.
+    pub(crate) capacity: u64,
+    pub(crate) algorithm_name: AlgorithmName,
     /// In a packed set, the prefix of this rule's fields in the shared hash (`<id>.`); else "".
     pub(crate) field_prefix: Arc<str>,
 }
@@ -126,7 +130,16 @@ impl RuleSet {
                 return Err(RuleError::Duplicate { index, first });
             }
             let name = rule.name.as_deref().map(Arc::from);
-            compiled.push(CompiledRule { rule, name, signature, algorithm, field_prefix: Arc::from("") });
+            let (capacity, algorithm_name) = (algorithm.capacity(), rule.algorithm());
+            compiled.push(CompiledRule {
+                rule,
+                name,
+                signature,
+                algorithm,
+                capacity,
+                algorithm_name,
+                field_prefix: Arc::from(""),
+            });
         }
         // Hash-stored rules keep their fields in one hash per key (a key per rule would cost
         // Redis far more memory than its few fields), named by the rule's id, so the same rule
@@ -215,9 +228,9 @@ impl RuleSet {
         let micros = |t: i64| u64::try_from(t).unwrap_or(0);
         RuleOutcome::new(
             rule.name.clone(),
-            rule.rule.algorithm(),
+            rule.algorithm_name,
             admission.admits,
-            rule.algorithm.capacity(),
+            rule.capacity,
             report.remaining,
             micros(report.reset_after),
             micros(admission.retry_after),

@@ -23,10 +23,24 @@ use crate::decision::LeaseId;
 use crate::limits::{MAX_COUNT, MAX_EXACT, MAX_FILL_MICROS};
 
 /// A span or instant: `whole + frac / den` microseconds, `0 <= frac < den`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Micros {
     whole: i64,
     frac: i64,
+}
+
+/// In order of `whole`, then `frac`: compared as one 128-bit number (`frac` is never negative),
+/// without the branches of a field-by-field comparison; a decision compares several.
+impl Ord for Micros {
+    fn cmp(&self, other: &Micros) -> Ordering {
+        self.wide().cmp(&other.wide())
+    }
+}
+
+impl PartialOrd for Micros {
+    fn partial_cmp(&self, other: &Micros) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 impl Micros {
@@ -34,6 +48,11 @@ impl Micros {
 
     fn whole(whole: i64) -> Micros {
         Micros { whole, frac: 0 }
+    }
+
+    /// `whole * 2^64 + frac`, ordered as `self` is.
+    fn wide(self) -> i128 {
+        (i128::from(self.whole) << 64) | i128::from(self.frac as u64)
     }
 
     /// The smallest whole number of microseconds at or after this.
@@ -101,6 +120,14 @@ impl Gcra {
         gcra
     }
 
+    /// Whether `T` is a whole number of microseconds (the common rule: 1,000 a second is one
+    /// every 1,000 µs), so that every time is whole (`frac` is below `den`, 1) and the phases
+    /// can skip the fractions' carries and the general division; they compute the same values.
+    #[inline(always)]
+    fn whole(&self) -> bool {
+        self.den == 1
+    }
+
     /// `k * T`, exactly.
     fn times(&self, k: u64) -> Micros {
         // The common costs, without a division.
@@ -139,6 +166,28 @@ impl Gcra {
     /// `T` as `[quotient, remainder, den]`: `quotient + remainder / den` microseconds.
     pub fn interval(&self) -> [i64; 3] {
         [self.quotient, self.remainder, self.den]
+    }
+
+    // The phases with fractions of a microsecond, for any `T` (the Lua twin's arithmetic): out
+    // of line, so that the phases' whole case is small enough to inline.
+
+    #[inline(never)]
+    fn decide_exact(&self, s: &State, now: i64, probe: u64) -> Admission {
+        let needed = self.add(self.debt(s, now), self.times(probe));
+        let room = self.full;
+        if needed <= room { Admission::ADMIT } else { Admission::wait(self.sub(needed, room).ceil()) }
+    }
+
+    #[inline(never)]
+    fn consume_exact(&self, s: &mut State, now: i64, n: u64) {
+        let debt = self.add(self.debt(s, now), self.times(n));
+        s.tat = self.add(debt, Micros::whole(now));
+    }
+
+    #[inline(never)]
+    fn report_exact(&self, s: &State, now: i64) -> Report {
+        let debt = self.debt(s, now);
+        Report { remaining: self.capacity - self.units_owed(debt), reset_after: debt.ceil() }
     }
 
     /// Units short of full: the smallest `k` with `k * T >= debt`, at most `capacity`.
@@ -183,15 +232,23 @@ impl Algorithm for Gcra {
         }
     }
 
+    #[inline]
     fn decide(&self, s: &State, now: i64, probe: u64) -> Admission {
-        let needed = self.add(self.debt(s, now), self.times(probe));
-        let room = self.full;
-        if needed <= room { Admission::ADMIT } else { Admission::wait(self.sub(needed, room).ceil()) }
+        if self.whole() {
+            let needed = (s.tat.whole - now).max(0) + self.times(probe).whole;
+            let room = self.full.whole;
+            return if needed <= room { Admission::ADMIT } else { Admission::wait(needed - room) };
+        }
+        self.decide_exact(s, now, probe)
     }
 
+    #[inline]
     fn consume(&self, s: &mut State, now: i64, n: u64, _lease: Option<&LeaseId>) {
-        let debt = self.add(self.debt(s, now), self.times(n));
-        s.tat = self.add(debt, Micros::whole(now));
+        if self.whole() {
+            s.tat.whole = s.tat.whole.max(now) + self.times(n).whole;
+            return;
+        }
+        self.consume_exact(s, now, n);
     }
 
     fn refund(&self, s: &mut State, now: i64, n: u64) {
@@ -202,9 +259,19 @@ impl Algorithm for Gcra {
         s.tat = if debt > back { self.add(self.sub(debt, back), Micros::whole(now)) } else { Micros::ZERO };
     }
 
+    #[inline]
     fn report(&self, s: &State, now: i64) -> Report {
-        let debt = self.debt(s, now);
-        Report { remaining: self.capacity - self.units_owed(debt), reset_after: debt.ceil() }
+        if self.whole() {
+            let debt = (s.tat.whole - now).max(0);
+            // `T` is `num` whole microseconds: the units owed are `debt / T`, rounded up.
+            let owed = if debt >= self.full.whole {
+                self.capacity
+            } else {
+                debt.unsigned_abs().div_ceil(self.num.unsigned_abs())
+            };
+            return Report { remaining: self.capacity - owed, reset_after: debt };
+        }
+        self.report_exact(s, now)
     }
 
     fn expires_at(&self, s: &State) -> Option<i64> {
@@ -252,6 +319,47 @@ mod tests {
         assert_eq!(g.times(3), Micros::whole(1_000_000));
         assert_eq!(g.add(g.times(2), g.times(1)), Micros::whole(1_000_000));
         assert_eq!(g.sub(g.times(3), g.times(1)), g.times(2));
+    }
+
+    proptest::proptest! {
+        /// With `T` a whole number of microseconds the phases take their short path; it decides,
+        /// consumes and reports what the exact arithmetic (the Lua twin's) does, from any state.
+        #[test]
+        fn whole_intervals_answer_as_the_exact_arithmetic_does(
+            capacity in 1u64..100_000,
+            interval in 1u64..10_000_000,
+            tat in 0i64..2_000_000_000_000,
+            now in -1_000_000i64..1_000_000_000_000,
+            probe in 1u64..100_000,
+        ) {
+            let Ok(g) = Gcra::new(capacity, interval * capacity, capacity) else { return Ok(()) };
+            proptest::prop_assert!(g.whole());
+            // A state the rule could hold: at most a full bucket's time ahead of now.
+            let tat = Micros::whole(tat.min(now.max(0) + g.full.whole));
+            let probe = probe.min(capacity);
+            let mut s = State { tat };
+            g.refresh(&mut s, now);
+            proptest::prop_assert_eq!(g.decide(&s, now, probe), g.decide_exact(&s, now, probe));
+            proptest::prop_assert_eq!(g.report(&s, now), g.report_exact(&s, now));
+            let (mut short, mut exact) = (s.clone(), s.clone());
+            g.consume(&mut short, now, probe, None);
+            g.consume_exact(&mut exact, now, probe);
+            proptest::prop_assert_eq!(&short, &exact);
+            proptest::prop_assert_eq!(g.report(&short, now), g.report_exact(&exact, now));
+        }
+
+        /// The one-number comparison orders times as comparing `whole`, then `frac`, would.
+        #[test]
+        fn times_compare_whole_then_fraction(
+            a in (proptest::num::i64::ANY, 0..i64::MAX),
+            b in (proptest::num::i64::ANY, 0..i64::MAX),
+        ) {
+            let (x, y) = (Micros { whole: a.0, frac: a.1 }, Micros { whole: b.0, frac: b.1 });
+            proptest::prop_assert_eq!(x.cmp(&y), a.cmp(&b));
+            // Near ties, where the fraction decides.
+            let z = Micros { whole: a.0, frac: b.1 };
+            proptest::prop_assert_eq!(x.cmp(&z), a.1.cmp(&b.1));
+        }
     }
 
     #[test]

@@ -432,6 +432,7 @@ macro_rules! algorithms {
             }
 
             /// Runs `visitor` on this algorithm, as its own type, and its variant of `state`.
+            #[inline(always)]
             pub(crate) fn visit<V: Visit>(&self, state: &mut State, visitor: V) -> V::Output {
                 match self {
                     $(AnyAlgorithm::$variant(a) => visitor.visit(a, $module::$algorithm::state_in(state)),)+
