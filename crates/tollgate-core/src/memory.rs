@@ -468,8 +468,8 @@ impl Entry {
 
     /// Runs a set of one rule on its state, `states[at]` (`run` answers when the state expires
     /// after, as [`engine::run_one`] does), and records the new expiry. (Several rules' are
-    /// recorded by [`engine::run`], through [`Found`].) The states are reached once: each
-    /// access to a `SmallVec` asks whether it has spilled.
+    /// recorded by [`engine::run`], through [`InOrder`] or [`Found`].) The states are reached
+    /// once: each access to a `SmallVec` asks whether it has spilled.
     #[inline(always)]
     fn run_one(&mut self, at: usize, run: impl FnOnce(&mut State) -> Option<i64>) {
         let states = &mut self.states[..];
