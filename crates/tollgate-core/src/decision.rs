@@ -43,6 +43,13 @@ impl RuleOutcome {
         RuleOutcome { name, limit, remaining, reset_after_micros, retry_after_micros, algorithm, allowed }
     }
 
+    /// Sets the rule's report (its remaining units and time to full), once its state has
+    /// consumed or not: an outcome is made when its rule decides, before the others have.
+    #[inline(always)]
+    pub(crate) fn report(&mut self, remaining: u64, reset_after_micros: u64) {
+        (self.remaining, self.reset_after_micros) = (remaining, reset_after_micros);
+    }
+
     /// The rule's name, if it has one.
     pub fn name(&self) -> Option<&str> {
         self.name.as_deref()

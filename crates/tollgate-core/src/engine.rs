@@ -20,8 +20,9 @@
 use smallvec::SmallVec;
 
 use crate::algorithm::{Admission, Algorithm, AnyAlgorithm, Machine, Report, State, Visit};
-use crate::decision::{LeaseId, Outcomes};
+use crate::decision::{LeaseId, Outcomes, RuleOutcome};
 use crate::plan::GroupPlan;
+use crate::ruleset::micros;
 use crate::{Decision, Operation, RuleSet};
 
 /// Access to the states of a group, by their index in its plan.
@@ -235,6 +236,7 @@ struct Finish<'a> {
 impl Visit for Finish<'_> {
     type Output = (Report, Option<i64>);
 
+    #[inline(always)] // once per rule of a set: a call costs as much as a report
     fn visit<A: Algorithm>(self, algorithm: &A, state: &mut A::State) -> Self::Output {
         if self.units > 0 {
             algorithm.consume(state, self.now, self.units, self.lease);
@@ -245,7 +247,7 @@ impl Visit for Finish<'_> {
 
 /// Runs one operation on a key's states under a rule set: a group of one part, whose rules
 /// are states `0..n` in order (what a [`GroupPlan`] of that one part would say), and tells
-/// `states` when each expires. Its outcomes are pushed onto `outcomes` (empty), for the caller
+/// `states` when each expires. Its outcomes go into `outcomes` (empty), for the caller
 /// to make the [`Decision`] where it returns it: the decision is too large to move cheaply
 /// (each move is a `memcpy`). The caller has validated the operation
 /// ([`Operation::validate`]). A set of one rule runs as [`run_one`].
@@ -261,19 +263,59 @@ pub(crate) fn run(
     states: &mut impl States,
     outcomes: &mut Outcomes,
 ) {
+    let count = rules.len();
+    if count <= outcomes.inline_size() {
+        decide_all(rules, op, now, states, outcomes);
+    } else {
+        // Past the inline outcomes, into a `Vec` sized once, handed over whole: a `SmallVec`'s
+        // every push asks whether it has spilled, and reserving on it costs more than the
+        // allocation.
+        let mut list = Vec::with_capacity(count);
+        decide_all(rules, op, now, states, &mut list);
+        *outcomes = Outcomes::from_vec(list);
+    }
+}
+
+/// Where [`decide_all`] puts a lone operation's outcomes.
+trait OutcomeList: std::ops::DerefMut<Target = [RuleOutcome]> {
+    fn push(&mut self, outcome: RuleOutcome);
+}
+
+impl OutcomeList for Outcomes {
+    fn push(&mut self, outcome: RuleOutcome) {
+        Outcomes::push(self, outcome);
+    }
+}
+
+impl OutcomeList for Vec<RuleOutcome> {
+    fn push(&mut self, outcome: RuleOutcome) {
+        Vec::push(self, outcome);
+    }
+}
+
+/// The phases of [`run`], its outcomes pushed onto `outcomes` (empty, with room for them).
+#[inline(always)]
+fn decide_all(
+    rules: &RuleSet,
+    op: Operation<'_>,
+    now: i64,
+    states: &mut impl States,
+    outcomes: &mut impl OutcomeList,
+) {
     let (units, lease) = demand_of(op);
     let compiled = rules.compiled();
-    let mut admissions: SmallVec<[Admission; 8]> = SmallVec::new();
+    let probe = units.max(1);
+    // Each rule's outcome made as its state decides, its report filled in below: no list of
+    // admissions beside it.
     for (at, rule) in compiled.iter().enumerate() {
-        admissions.push(rule.algorithm.visit(states.get(at), Prepare { now, op, probe: units.max(1) }));
+        let admission = rule.algorithm.visit(states.get(at), Prepare { now, op, probe });
+        outcomes.push(rule.outcome(admission));
     }
-    let units = if admissions.iter().all(|a| a.admits) { units } else { 0 };
-    // Sized once: growing past the inline two would reallocate twice on the way to five rules.
-    outcomes.reserve_exact(rules.len());
-    for (at, rule) in compiled.iter().enumerate() {
+    let units = if outcomes.iter().all(RuleOutcome::allowed) { units } else { 0 };
+    for (at, (rule, outcome)) in compiled.iter().zip(outcomes.iter_mut()).enumerate() {
         let (report, expires_at) = rule.algorithm.visit(states.get(at), Finish { now, units, lease });
         states.expires(at, expires_at);
-        outcomes.push(rules.outcome(at, admissions[at], report));
+        outcome.report(report.remaining, micros(report.reset_after));
     }
 }
 

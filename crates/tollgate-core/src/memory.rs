@@ -386,16 +386,21 @@ impl States for Found<'_> {
 }
 
 /// The states of one operation's rules when a key holds them in the rule set's order: rule `i`
-/// is `held[i]`.
-struct InOrder<'a>(&'a mut [HeldState]);
+/// is `held[i]`. Keeps the latest of their expiries, the key's when it holds no other state.
+struct InOrder<'a> {
+    held: &'a mut [HeldState],
+    latest: i64,
+}
 
 impl States for InOrder<'_> {
     fn get(&mut self, rule: usize) -> &mut State {
-        &mut self.0[rule].state
+        &mut self.held[rule].state
     }
 
     fn expires(&mut self, rule: usize, at: Option<i64>) {
-        self.0[rule].expires_at = at.unwrap_or(i64::MIN);
+        let at = at.unwrap_or(i64::MIN);
+        self.held[rule].expires_at = at;
+        self.latest = self.latest.max(at);
     }
 }
 
@@ -458,7 +463,14 @@ impl Entry {
         let in_order = states.len() >= compiled.len()
             && compiled.iter().zip(states.iter()).all(|(rule, s)| Arc::ptr_eq(&s.signature, &rule.signature));
         if in_order {
-            engine::run(rules, op, now, &mut InOrder(states), outcomes);
+            let alone = states.len() == compiled.len();
+            let mut held = InOrder { held: states, latest: i64::MIN };
+            engine::run(rules, op, now, &mut held, outcomes);
+            // A key holding only this set's states (the commonest) expires with the latest.
+            if alone {
+                self.expires_at = held.latest;
+                return;
+            }
         } else {
             let index = self.find(rules);
             engine::run(rules, op, now, &mut Found { held: &mut self.states, index: &index }, outcomes);

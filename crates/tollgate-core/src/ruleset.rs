@@ -22,6 +22,23 @@ pub(crate) struct CompiledRule {
     pub(crate) field_prefix: Arc<str>,
 }
 
+impl CompiledRule {
+    /// The rule's outcome from its state's admission, with no report yet
+    /// ([`RuleOutcome::report`] fills it in once every rule has decided).
+    #[inline(always)]
+    pub(crate) fn outcome(&self, admission: Admission) -> RuleOutcome {
+        RuleOutcome::new(
+            self.name.clone(),
+            self.algorithm_name,
+            admission.admits,
+            self.capacity,
+            0,
+            0,
+            micros(admission.retry_after),
+        )
+    }
+}
+
 /// A stable 8-character id of a signature: 48 bits of its FNV-1a hash, base64url. Field names
 /// in shared hashes use it instead of the (longer) signature. Never change this function:
 /// stored state is found by it.
@@ -223,18 +240,9 @@ impl RuleSet {
 
     /// A rule's outcome from its admission and report (shared by both backends).
     pub(crate) fn outcome(&self, index: usize, admission: Admission, report: Report) -> RuleOutcome {
-        let rule = &self.compiled()[index];
-        // Times of the algorithms are never negative; zero if one were.
-        let micros = |t: i64| u64::try_from(t).unwrap_or(0);
-        RuleOutcome::new(
-            rule.name.clone(),
-            rule.algorithm_name,
-            admission.admits,
-            rule.capacity,
-            report.remaining,
-            micros(report.reset_after),
-            micros(admission.retry_after),
-        )
+        let mut outcome = self.compiled()[index].outcome(admission);
+        outcome.report(report.remaining, micros(report.reset_after));
+        outcome
     }
 
     /// The most bytes this set's state for one key can take: its rules' worst cases, and the
@@ -250,6 +258,12 @@ impl RuleSet {
         }
         if hashed { bytes.saturating_add(crate::footprint::SHARED_HASH_BYTES) } else { bytes }
     }
+}
+
+/// An algorithm's time as a decision's whole microseconds: they are never negative; zero if
+/// one were.
+pub(crate) fn micros(t: i64) -> u64 {
+    u64::try_from(t).unwrap_or(0)
 }
 
 #[cfg(test)]
