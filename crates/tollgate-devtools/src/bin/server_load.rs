@@ -289,19 +289,18 @@ fn grpc_frames(args: &Args) -> Vec<Bytes> {
 /// wrong.
 async fn grpc_call(
     sender: &mut h2::client::SendRequest<Bytes>,
-    authority: &str,
+    uri: &hyper::Uri,
     frame: Bytes,
 ) -> Result<i32, String> {
     use prost::Message;
     let request = hyper::Request::builder()
         .method(hyper::Method::POST)
-        .uri(format!("http://{authority}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"))
+        .uri(uri.clone())
         .header(hyper::header::CONTENT_TYPE, "application/grpc")
         .header("te", "trailers")
         .body(())
         .expect("a valid request");
-    let ready = sender.clone().ready().await.map_err(|e| format!("connection: {e}"))?;
-    *sender = ready;
+    std::future::poll_fn(|cx| sender.poll_ready(cx)).await.map_err(|e| format!("connection: {e}"))?;
     let (response, mut stream) = sender.send_request(request, false).map_err(|e| format!("request: {e}"))?;
     stream.send_data(frame, true).map_err(|e| format!("send: {e}"))?;
     let response = response.await.map_err(|e| format!("response: {e}"))?;
@@ -331,6 +330,7 @@ async fn grpc_call(
 
 async fn grpc_task(
     authority: String,
+    uri: hyper::Uri,
     frames: std::sync::Arc<Vec<Bytes>>,
     keys: u64,
     task: usize,
@@ -362,7 +362,7 @@ async fn grpc_task(
         while Instant::now() < deadline {
             let frame = frames[keys.next()].clone();
             let start = tally.start(&mut schedule).await;
-            match grpc_call(&mut sender, &authority, frame).await {
+            match grpc_call(&mut sender, &uri, frame).await {
                 Ok(code) => {
                     tally.latencies.saturating_record(start.elapsed().as_micros() as u64);
                     match code {
@@ -411,10 +411,16 @@ async fn main() -> anyhow::Result<()> {
         }
     } else if let Some(authority) = args.target.strip_prefix("grpc://") {
         let authority = authority.trim_end_matches('/').to_owned();
+        // Made once (a `Uri` is cloned by reference count), and checked here.
+        let uri: hyper::Uri =
+            format!("http://{authority}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+                .parse()
+                .context("--target")?;
         let frames = std::sync::Arc::new(grpc_frames(&args));
         for task in 0..args.connections {
             tasks.push(tokio::spawn(grpc_task(
                 authority.clone(),
+                uri.clone(),
                 frames.clone(),
                 args.keys,
                 task,
