@@ -15,7 +15,7 @@ mod stats;
 pub mod xds;
 
 pub use config::{Config, Domain, EnvoyConfigError};
-pub use server::EnvoyServer;
+pub use server::{EnvoyServer, SHOULD_RATE_LIMIT_PATH};
 pub use service::{
     Charging, EnvoyService, HeaderNames, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_HEADER_NAME_BYTES,
     MAX_MERGED_METADATA_BYTES, MAX_TEXT_BYTES, header_name, near_limit_ratio,

@@ -24,6 +24,10 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::EnvoyService;
 
+/// The path of `ShouldRateLimit`, the service's one method, for a server that routes it by
+/// itself.
+pub const SHOULD_RATE_LIMIT_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
 /// Set by the service when a request reaches it.
 #[derive(Clone, Default)]
 struct Reached(Arc<AtomicBool>);
@@ -162,6 +166,11 @@ mod tests {
         out.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
         out.extend_from_slice(message);
         out
+    }
+
+    #[test]
+    fn the_method_path_is_the_generated_services() {
+        assert_eq!(SHOULD_RATE_LIMIT_PATH, format!("/{SERVICE_NAME}/ShouldRateLimit"));
     }
 
     #[tokio::test]

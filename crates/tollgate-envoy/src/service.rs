@@ -21,6 +21,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value as ProtoValue};
+use smallvec::SmallVec;
 use tollgate_core::{Decision, Error as CoreError, Rule, RuleSet};
 use tollgate_limiter::keyspace::envoy_key;
 use tollgate_limiter::{Check, LimitError, Limiter, Mode, Policy, Reserve, Verdict};
@@ -252,11 +253,15 @@ impl EnvoyService {
     }
 }
 
+/// A list with an item per descriptor of a request: inline for the usual one descriptor (and
+/// the heap past it), as a decision would otherwise make several allocations for one.
+type PerDescriptor<T> = SmallVec<[T; 1]>;
+
 /// One descriptor of the request, with what applies to it.
 struct Planned<'a> {
     entries: Vec<(String, String)>,
     /// The limits that apply (none: not limited); the request's own override is owned.
-    limits: Vec<Cow<'a, Limit>>,
+    limits: SmallVec<[Cow<'a, Limit>; 1]>,
     unlimited: bool,
     shadow: bool,
     quota: bool,
@@ -318,7 +323,7 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
     let entries: Vec<(String, String)> = d.entries.iter().map(|e| (e.key.clone(), e.value.clone())).collect();
     let hits = d.hits_addend.as_ref().map_or(request_hits, |h| h.value);
     let mut planned = Planned {
-        limits: Vec::new(),
+        limits: SmallVec::new(),
         unlimited: false,
         shadow: false,
         quota: false,
@@ -452,19 +457,19 @@ enum Outcome {
 /// A request's descriptors sorted before the backend is asked (see [`EnvoyService::sort`]).
 struct Sorted<'p, 'a> {
     /// Per descriptor.
-    outcomes: Vec<Outcome>,
+    outcomes: PerDescriptor<Outcome>,
     /// The checks the backend decides, indexed by [`Outcome::Checked`].
-    items: Vec<Item<'p, 'a>>,
+    items: PerDescriptor<Item<'p, 'a>>,
     /// A descriptor charged with the others is refused up front (a block list).
     blocked: bool,
 }
 
 /// Each descriptor of `req` with the limits of `domain` that apply to it (less those another
 /// matched limit replaces).
-fn plan<'a>(req: &RateLimitRequest, domain: Option<&'a Domain>) -> Vec<Planned<'a>> {
+fn plan<'a>(req: &RateLimitRequest, domain: Option<&'a Domain>) -> PerDescriptor<Planned<'a>> {
     // hits_addend 0 means "not set": one hit, as upstream.
     let request_hits = if req.hits_addend == 0 { 1 } else { u64::from(req.hits_addend) };
-    let mut planned: Vec<Planned<'a>> =
+    let mut planned: PerDescriptor<Planned<'a>> =
         req.descriptors.iter().map(|d| plan_one(d, domain, request_hits)).collect();
     drop_replaced(&mut planned);
     planned
@@ -501,7 +506,7 @@ struct Item<'p, 'a> {
     key: String,
     policy: Policy,
     /// The limits with a rule, in the order of the rule set's rules.
-    limited: Vec<&'p Limit>,
+    limited: SmallVec<[&'p Limit; 2]>,
     /// More hits than the limits can ever admit: over the limit whatever the state.
     impossible: bool,
     /// Charged only if the request's other enforced checks are admitted (all or nothing).
@@ -514,7 +519,7 @@ impl<'p, 'a> Item<'p, 'a> {
     /// The check of `p`, whose limits hold at least one rule and no block; `mode` places it in
     /// the limiter's batch (shadow: decided alone).
     fn new(domain: &str, p: &'p Planned<'a>, mode: Mode, reserve: Reserve) -> Result<Self, Status> {
-        let limited: Vec<&Limit> =
+        let limited: SmallVec<[&Limit; 2]> =
             p.limits.iter().map(AsRef::as_ref).filter(|l| matches!(l.kind, LimitKind::Rule(_))).collect();
         let policy = match p.whole_node.and_then(|node| node.policy(domain)) {
             Some(policy) => policy.clone(),
@@ -582,8 +587,11 @@ impl EnvoyService {
     /// Each descriptor's [`Outcome`], and the checks of those the backend decides. `blocked`:
     /// a descriptor charged with the others is refused before any check.
     fn sort<'p, 'a>(&self, domain: &str, planned: &'p [Planned<'a>]) -> Result<Sorted<'p, 'a>, Status> {
-        let mut sorted =
-            Sorted { outcomes: Vec::with_capacity(planned.len()), items: Vec::new(), blocked: false };
+        let mut sorted = Sorted {
+            outcomes: SmallVec::with_capacity(planned.len()),
+            items: SmallVec::new(),
+            blocked: false,
+        };
         for p in planned {
             let outcome = if p.unlimited {
                 Outcome::Unlimited
@@ -614,7 +622,7 @@ impl EnvoyService {
         statuses: Vec<DescriptorStatus>,
     ) -> RateLimitResponse {
         // Whether each status refuses the request on its own, for the response headers.
-        let mut refusing = Vec::with_capacity(statuses.len());
+        let mut refusing: PerDescriptor<bool> = SmallVec::with_capacity(statuses.len());
         let (mut failed, mut quota_total, mut quota_failed) = (0, 0, 0);
         for ((p, outcome), status) in planned.iter().zip(outcomes).zip(&statuses) {
             let over = status.code == Code::OverLimit as i32;
@@ -657,18 +665,20 @@ impl EnvoyService {
     /// too.
     async fn check(&self, items: &mut [Item<'_, '_>], mut blocked: bool) -> Result<Vec<Verdict>, Status> {
         while !items.is_empty() {
-            let checks: Vec<Check<'_>> = items
+            let checks: PerDescriptor<Check<'_>> = items
                 .iter()
                 .map(|i| {
                     let peek = i.impossible || (blocked && self.joins(i.planned));
                     Check { key: &i.key, policy: &i.policy, cost: if peek { 0 } else { i.planned.hits } }
                 })
                 .collect();
-            let peeks: Vec<bool> = checks.iter().map(|c| c.cost == 0).collect();
+            let peeks: PerDescriptor<bool> = checks.iter().map(|c| c.cost == 0).collect();
             let answer = match self.charging {
                 Charging::Each => self.limiter.check_each(&checks).await.map(|v| (true, v)),
                 _ => self.limiter.check_all(&checks).await.map(|joint| (joint.admitted, joint.verdicts)),
             };
+            // A `SmallVec` borrows what it holds until dropped: let go of the items here.
+            drop(checks);
             match answer {
                 Ok((admitted, verdicts)) => {
                     for ((item, verdict), peek) in items.iter_mut().zip(&verdicts).zip(peeks) {

@@ -148,6 +148,12 @@ fn number(n: u64) -> HeaderValue {
     }
 }
 
+/// `Content-Length` for a body of `len` bytes: a kept value for the usual small body (see
+/// [`number`]), where axum would format one into an allocation of its own for each answer.
+pub fn content_length(len: usize) -> HeaderValue {
+    number(len as u64)
+}
+
 const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");

@@ -137,7 +137,7 @@ fn decision_response(
     // Inline rules come anew with each request: only a named policy's header values are kept.
     let fixed = named.map(|_| state.kept_headers.of(policy));
     let body = DecisionBody::new(policy, verdict, lease_id);
-    respond(&state.config().server, policy, verdict, body, fixed.as_deref())
+    respond(&state.config.load().server, policy, verdict, body, fixed.as_deref())
 }
 
 /// What a request will do with inline rules: store state under them (check, acquire), or only

@@ -110,7 +110,7 @@ async fn decide(
     state.live.record(&policy.name, key, cost, &verdict);
     let mut body = DecisionBody::new(policy, &verdict, None);
     body.message = denial_message(policy, &verdict, whom);
-    Ok(respond(&state.config().server, policy, &verdict, body, None))
+    Ok(respond(&state.config.load().server, policy, &verdict, body, None))
 }
 
 /// What a consumer or anonymous check counts: its key, its policy (None when every period is

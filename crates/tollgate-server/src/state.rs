@@ -16,9 +16,19 @@ pub(crate) type StoredPolicies = BTreeMap<String, Arc<Policy>>;
 /// The consumer limit records of the database, by consumer, as last loaded.
 pub(crate) type StoredConsumers = HashMap<String, Vec<ConsumerLimit>>;
 
-/// Shared state of the HTTP API. Cheap to clone.
+/// Shared state of the HTTP API. Cheap to clone: one reference count.
+///
+/// One `Arc` around the parts rather than an `Arc` each: axum clones the state for the matched
+/// route and for each extractor of every request, and each clone and drop of a reference count
+/// is a write to a cache line the server's other threads write too. With a count per part, a
+/// check made some 64 such writes; on two cores (`TOKIO_WORKER_THREADS=1` against 2, in
+/// docs/benchmarks.md) that sharing cost about a third of the server's CPU per request.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Parts>);
+
+/// What [`AppState`] holds (its fields are the server's own).
+#[derive(Clone)]
+pub struct Parts {
     pub(crate) limiter: Limiter,
     pub(crate) config: Arc<ArcSwap<Config>>,
     pub(crate) metrics: Option<PrometheusHandle>,
@@ -29,6 +39,14 @@ pub struct AppState {
     pub(crate) live: Arc<crate::live::Live>,
     /// Named policies' unchanging rate-limit header values.
     pub(crate) kept_headers: Arc<crate::decision::KeptHeaders>,
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Parts;
+
+    fn deref(&self) -> &Parts {
+        &self.0
+    }
 }
 
 impl std::fmt::Debug for AppState {
@@ -64,7 +82,7 @@ impl AppState {
     pub fn new(limiter: Limiter, config: Config) -> Self {
         // The file's [decision_log] is the one in force, here and at every reload.
         limiter.set_decision_log(config.limiter_settings().decision_log);
-        AppState {
+        AppState(Arc::new(Parts {
             limiter,
             config: Arc::new(ArcSwap::from_pointee(config)),
             metrics: prometheus(),
@@ -73,15 +91,17 @@ impl AppState {
             consumers: Arc::default(),
             live: Arc::default(),
             kept_headers: Arc::default(),
-        }
+        }))
     }
 
     /// This state with a policy database: its enabled policies are served beside the file's,
     /// and the management API (`/v1/admin/...`) works on it. Loads the policies now.
-    pub async fn with_store(mut self, store: Store) -> Result<Self, tollgate_store::StoreError> {
-        self.store = Some(store);
-        self.reload_stored().await?;
-        Ok(self)
+    pub async fn with_store(self, store: Store) -> Result<Self, tollgate_store::StoreError> {
+        let mut parts = Arc::unwrap_or_clone(self.0);
+        parts.store = Some(store);
+        let state = AppState(Arc::new(parts));
+        state.reload_stored().await?;
+        Ok(state)
     }
 
     /// The policy database, if any.

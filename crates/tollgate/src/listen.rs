@@ -85,15 +85,43 @@ impl Limits {
     }
 }
 
+/// What a listener serves: an axum app, and on the gRPC port Envoy's `ShouldRateLimit` answered
+/// without it.
+///
+/// Every call of the hot gRPC method would otherwise go through axum's router (tonic's
+/// `Routes` is one): matching the path, a map of its parameters put in the request's extensions,
+/// and two more layers of futures, about 3,000 instructions a call (scripts/bench-server-instructions
+/// --grpc). The method's server is the one the router holds, so what it answers is the same;
+/// with request spans (`[tracing]`), which are the router's layers, the router takes it too.
+#[derive(Clone)]
+pub(crate) struct App {
+    router: Router,
+    rls: Option<tollgate_envoy::EnvoyServer>,
+}
+
+impl App {
+    /// `router`, with requests for exactly `ShouldRateLimit`'s path handed to `rls` instead.
+    pub(crate) fn with_rls(router: Router, rls: Option<tollgate_envoy::EnvoyServer>) -> Self {
+        App { router, rls }
+    }
+}
+
+impl From<Router> for App {
+    fn from(router: Router) -> Self {
+        App { router, rls: None }
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets every
 /// connection finish what it has in flight, and returns once all are closed.
 pub(crate) async fn serve(
     listener: TcpListener,
-    app: Router,
+    app: impl Into<App>,
     limits: Limits,
     tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let app = app.into();
     let slots = Slots::new(limits.max_connections);
     let per_address = PerAddress::new(limits.max_connections_per_address);
     let (stop, _) = watch::channel(false);
@@ -331,7 +359,7 @@ impl ConnState {
 }
 
 struct Connection {
-    app: Router,
+    app: App,
     peer: SocketAddr,
     limits: Limits,
     state: Arc<ConnState>,
@@ -466,7 +494,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 /// deadline and its 408, and the in-flight count.
 #[derive(Clone)]
 struct Service {
-    app: Router,
+    app: App,
     peer: SocketAddr,
     limits: Limits,
     state: Arc<ConnState>,
@@ -483,32 +511,59 @@ impl tower::Service<Request<Incoming>> for Service {
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let guard = InFlight::new(self.state.clone());
-        let (app, peer, limits) = (self.app.clone(), self.peer, self.limits);
-        Box::pin(async move {
-            let (mut parts, body) = req.into_parts();
-            if let Some(max) = limits.max_body
-                && declared_length(&parts.headers).is_some_and(|length| length > max as u64)
-            {
-                // Answered before the body is polled, so hyper sends no `100 Continue`, and
-                // closes the connection rather than read the body it was told about.
-                let mut response = Problem::too_large(max).into_response();
-                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-                return Ok(guard.wrap(response));
+        let (peer, limits) = (self.peer, self.limits);
+        // Two futures, each boxed at its own size: the router's requests do not carry room for
+        // the gRPC method's, nor the other way round.
+        match &self.app.rls {
+            Some(rls) if req.uri().path() == tollgate_envoy::SHOULD_RATE_LIMIT_PATH => {
+                let rls = rls.clone();
+                Box::pin(respond(req, peer, limits, guard, move |req| async move {
+                    let Ok(response) = rls.oneshot(req).await;
+                    Ok(response.map(Body::new))
+                }))
             }
-            parts.extensions.insert(ConnectInfo(peer));
-            let timed_out = Arc::new(AtomicBool::new(false));
-            let body = Deadline {
-                inner: body,
-                sleep: Box::pin(tokio::time::sleep(limits.body_timeout)),
-                timed_out: timed_out.clone(),
-            };
-            let response = app.oneshot(Request::from_parts(parts, Body::new(body))).await?;
-            if timed_out.load(Ordering::Acquire) {
-                return Ok(guard.wrap(request_timeout(limits.body_timeout)));
+            _ => {
+                let router = self.app.router.clone();
+                Box::pin(respond(req, peer, limits, guard, move |req| router.oneshot(req)))
             }
-            Ok(guard.wrap(response))
-        })
+        }
     }
+}
+
+/// `req`'s answer from `app`, within the connection's bounds: the early 413, the body deadline
+/// and its 408, the peer address for `ConnectInfo`, and `guard` counting it in flight.
+async fn respond<F>(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    limits: Limits,
+    guard: InFlight,
+    app: impl FnOnce(Request<Body>) -> F,
+) -> Result<Response<Body>, Infallible>
+where
+    F: Future<Output = Result<Response<Body>, Infallible>>,
+{
+    let (mut parts, body) = req.into_parts();
+    if let Some(max) = limits.max_body
+        && declared_length(&parts.headers).is_some_and(|length| length > max as u64)
+    {
+        // Answered before the body is polled, so hyper sends no `100 Continue`, and closes the
+        // connection rather than read the body it was told about.
+        let mut response = Problem::too_large(max).into_response();
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Ok(guard.wrap(response));
+    }
+    parts.extensions.insert(ConnectInfo(peer));
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let body = Deadline {
+        inner: body,
+        sleep: Box::pin(tokio::time::sleep(limits.body_timeout)),
+        timed_out: timed_out.clone(),
+    };
+    let response = app(Request::from_parts(parts, Body::new(body))).await?;
+    if timed_out.load(Ordering::Acquire) {
+        return Ok(guard.wrap(request_timeout(limits.body_timeout)));
+    }
+    Ok(guard.wrap(response))
 }
 
 /// The Content-Length a request declares, if any (a malformed one is left to hyper, which

@@ -538,10 +538,9 @@ async fn serve_grpc(
     // Served by the same connection loop as the HTTP API, so a stranger on the gRPC port meets
     // the same header, body and idle timeouts and the same connection cap (issue 18). No body
     // cap by Content-Length (gRPC sends none); tonic refuses messages over 4 MiB itself.
-    let grpc = tonic::service::Routes::new(health_service)
-        .add_service(tollgate_envoy::EnvoyServer::new(envoy))
-        .into_axum_router();
-    let grpc = with_request_spans(grpc, traced);
+    let rls = tollgate_envoy::EnvoyServer::new(envoy);
+    let grpc = tonic::service::Routes::new(health_service).add_service(rls.clone()).into_axum_router();
+    let grpc = crate::listen::App::with_rls(with_request_spans(grpc, traced), (!traced).then_some(rls));
     tokio::spawn(crate::listen::serve(grpc_listener, grpc, limits, tls, std::future::pending()));
     Ok(reporter)
 }

@@ -1174,3 +1174,37 @@ async fn healthcheck_and_rlconfig_as_upstream_serves_them() {
     assert!(down.await, "{}", active.logs());
     assert_eq!(default.get_text("/healthcheck").await, (200, "OK".into()));
 }
+
+/// The gRPC port answers `ShouldRateLimit` by its exact path without going through its router
+/// (a shortcut for the hot method): the same method with a query string takes it too, while any
+/// other path, of the same service or another, is still the router's, UNIMPLEMENTED.
+#[tokio::test]
+async fn only_should_rate_limit_itself_skips_the_grpc_router() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+    use tonic::codegen::http::uri::PathAndQuery;
+
+    let (_server, _client, _dir, listen) = start().await;
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{listen}")).unwrap().connect().await.unwrap();
+    let grpc = tonic::client::Grpc::new(channel);
+    let call = |path: &'static str| {
+        let mut grpc = grpc.clone();
+        async move {
+            grpc.ready().await.unwrap();
+            let codec = tonic_prost::ProstCodec::<RateLimitRequest, RateLimitResponse>::default();
+            let req = request(vec![descriptor(&[("remote_address", "10.0.0.1")])]);
+            grpc.unary(tonic::Request::new(req), PathAndQuery::from_static(path), codec).await
+        }
+    };
+    let answered = call("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit?x=1").await.unwrap();
+    assert_eq!(answered.into_inner().overall_code(), Code::Ok);
+    for path in [
+        "/envoy.service.ratelimit.v3.RateLimitService/Other",
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit/more",
+        "/envoy.service.ratelimit.v2.RateLimitService/ShouldRateLimit",
+        "/other.Service/ShouldRateLimit",
+    ] {
+        let status = call(path).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unimplemented, "{path}: {status:?}");
+    }
+}
