@@ -191,7 +191,10 @@ impl Series {
     fn increment(&self, family: usize, by: u64) {
         let counter =
             self.counters[family].get_or_init(|| metrics::counter!(self.names[family], &self.labels));
-        counter.increment(by);
+        // Registered above; adding nothing would still write to a counter every thread shares.
+        if by > 0 {
+            counter.increment(by);
+        }
     }
 }
 
