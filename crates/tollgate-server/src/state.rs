@@ -21,8 +21,8 @@ pub(crate) type StoredConsumers = HashMap<String, Vec<ConsumerLimit>>;
 /// One `Arc` around the parts rather than an `Arc` each: axum clones the state for the matched
 /// route and for each extractor of every request, and each clone and drop of a reference count
 /// is a write to a cache line the server's other threads write too. With a count per part, a
-/// check made some 64 such writes; on two cores (`TOKIO_WORKER_THREADS=1` against 2, in
-/// docs/benchmarks.md) that sharing cost about a third of the server's CPU per request.
+/// check made some 64 such writes; one count took a check's server CPU on two cores from 9.1 to
+/// 8.0 µs of user time (docs/benchmarks.md, "workers that share cache lines").
 #[derive(Clone)]
 pub struct AppState(Arc<Parts>);
 
