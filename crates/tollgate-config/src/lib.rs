@@ -136,6 +136,41 @@ pub struct ConnectionSettings {
     /// opens, a tenth of the default `max_connections`. Raise it (or turn it off) when a
     /// load balancer or NAT puts many clients behind one address.
     pub max_connections_per_address: usize,
+    /// Threads that serve connections (`connection_threads`). Default: one per core.
+    pub threads: ConnectionThreadCount,
+}
+
+/// How many threads serve the listeners' connections: `[server] connection_threads`, a number
+/// (0: none of their own).
+///
+/// Each connection thread runs its own event loop, and a connection stays on the one it was
+/// handed to for life: nothing of a request is shared between cores but the counters
+/// themselves. `Shared` serves connections on Tokio's work-stealing runtime instead (with the
+/// server's other work), which spreads one busy connection's requests over cores but pays for
+/// the sharing on every request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ConnectionThreadCount {
+    /// One per core (what the OS lets the process use).
+    #[default]
+    PerCore,
+    /// This many.
+    Exactly(std::num::NonZeroUsize),
+    /// None: connections are tasks of the shared runtime (`connection_threads = 0`).
+    Shared,
+}
+
+impl ConnectionThreadCount {
+    /// Most threads `connection_threads` may ask for.
+    pub const MAX: usize = 1024;
+
+    /// The number of threads to start (0 for `Shared`).
+    pub fn resolve(self) -> usize {
+        match self {
+            ConnectionThreadCount::PerCore => std::thread::available_parallelism().map_or(1, usize::from),
+            ConnectionThreadCount::Exactly(n) => n.get(),
+            ConnectionThreadCount::Shared => 0,
+        }
+    }
 }
 
 impl ConnectionSettings {
@@ -151,6 +186,7 @@ impl Default for ConnectionSettings {
             idle_timeout: Duration::from_secs(75),
             max_connections: 10_000,
             max_connections_per_address: 1_000,
+            threads: ConnectionThreadCount::PerCore,
         }
     }
 }

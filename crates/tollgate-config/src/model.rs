@@ -17,8 +17,8 @@ use toml::Spanned;
 use crate::redis_url::RedisTopology;
 use crate::spec::{OnLimitKind, PolicySpec};
 use crate::{
-    BackendKind, BackendSettings, Config, ConfigError, ConnectionSettings, ConsumerSettings, MemorySettings,
-    Policies, RedisEngine, ServerSettings, TracingSettings,
+    BackendKind, BackendSettings, Config, ConfigError, ConnectionSettings, ConnectionThreadCount,
+    ConsumerSettings, MemorySettings, Policies, RedisEngine, ServerSettings, TracingSettings,
 };
 
 #[derive(Deserialize, Default)]
@@ -109,6 +109,7 @@ struct ServerSection {
     idle_timeout: Spanned<Period>,
     max_connections: Spanned<usize>,
     max_connections_per_address: usize,
+    connection_threads: Option<Spanned<usize>>,
 }
 
 /// A default value: it has no place in the file, and is valid, so its span is never shown.
@@ -134,6 +135,7 @@ impl Default for ServerSection {
             idle_timeout: period(connections.idle_timeout),
             max_connections: unwritten(connections.max_connections),
             max_connections_per_address: connections.max_connections_per_address,
+            connection_threads: None,
         }
     }
 }
@@ -345,7 +347,18 @@ fn connection_settings(server: &ServerSection) -> Result<ConnectionSettings, Mis
         idle_timeout: timeout("idle_timeout", &server.idle_timeout)?,
         max_connections: *server.max_connections.get_ref(),
         max_connections_per_address: server.max_connections_per_address,
+        threads: connection_threads(server.connection_threads.as_ref())?,
     })
+}
+
+fn connection_threads(field: Option<&Spanned<usize>>) -> Result<ConnectionThreadCount, Mistake> {
+    let Some(field) = field else { return Ok(ConnectionThreadCount::PerCore) };
+    let most = ConnectionThreadCount::MAX;
+    within(field, 0..=most, || {
+        format!("server.connection_threads must be between 0 (none of their own) and {most}")
+    })?;
+    Ok(std::num::NonZeroUsize::new(*field.get_ref())
+        .map_or(ConnectionThreadCount::Shared, ConnectionThreadCount::Exactly))
 }
 
 fn max_keys(memory: &MemorySection) -> Result<usize, Mistake> {
@@ -689,6 +702,7 @@ mod tests {
             idle_timeout: std::time::Duration::from_secs(60),
             max_connections: 50,
             max_connections_per_address: 7,
+            threads: ConnectionThreadCount::PerCore,
         };
         assert_eq!(c.server.connections, expected);
         assert_eq!((c.memory.max_keys, c.limiter_settings().fallback_max_keys), (5000, 5000));
@@ -703,6 +717,21 @@ mod tests {
         assert_eq!(e.line(), Some(2), "{e}");
         assert!(e.to_string().contains("memory.max_keys must be at least 64"), "{e}");
         assert!(error("[memory]\nmax_key = 10\n").to_string().contains("max_key"));
+    }
+
+    #[test]
+    fn connection_threads_per_core_by_default_a_number_or_none() {
+        let threads = |text: &str| parse(text, "t").unwrap().server.connections.threads;
+        assert_eq!(threads(""), ConnectionThreadCount::PerCore);
+        assert!(ConnectionThreadCount::PerCore.resolve() >= 1);
+        let three = threads("[server]\nconnection_threads = 3\n");
+        assert_eq!((three, three.resolve()), (ConnectionThreadCount::Exactly(3.try_into().unwrap()), 3));
+        let none = threads("[server]\nconnection_threads = 0\n");
+        assert_eq!((none, none.resolve()), (ConnectionThreadCount::Shared, 0));
+        let e = error("[server]\nlisten = \"127.0.0.1:1\"\nconnection_threads = 1025\n");
+        assert_eq!(e.line(), Some(3), "{e}");
+        assert!(e.to_string().contains("server.connection_threads must be between 0"), "{e}");
+        assert_eq!(error("[server]\nconnection_threads = -1\n").line(), Some(2));
     }
 
     #[test]

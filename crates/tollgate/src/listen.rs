@@ -50,6 +50,8 @@ use tokio::time::{Instant, Sleep};
 use tollgate_http::Problem;
 use tower::ServiceExt as _;
 
+use crate::threads::ConnectionThreads;
+
 /// While connections wait for a slot, how often idle ones are asked again to close.
 const MAKE_ROOM_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -113,12 +115,14 @@ impl From<Router> for App {
 }
 
 /// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets every
-/// connection finish what it has in flight, and returns once all are closed.
+/// connection finish what it has in flight, and returns once all are closed. Connections are
+/// served on `threads` (accepted here, then each on one thread for life).
 pub(crate) async fn serve(
     listener: TcpListener,
     app: impl Into<App>,
     limits: Limits,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    threads: ConnectionThreads,
     shutdown: impl Future<Output = ()>,
 ) {
     let app = app.into();
@@ -156,7 +160,7 @@ pub(crate) async fn serve(
             builder: builder.clone(),
         };
         let tls = tls.clone();
-        tokio::spawn(async move {
+        threads.spawn(stream, move |stream| async move {
             connection.start(stream, tls).await;
             drop(permit);
             drop(address_slot);

@@ -12,6 +12,7 @@ mod otel;
 mod proxy;
 mod serve;
 mod simulate;
+mod threads;
 mod tls;
 
 use std::net::SocketAddr;

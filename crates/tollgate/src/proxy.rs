@@ -289,6 +289,8 @@ pub(crate) async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     // No body cap: bodies stream to the upstream, which applies its own (the body timeout
     // still bounds how long one may take).
     let limits = crate::listen::Limits::from_config(&config.server, None);
-    crate::listen::serve(listener, app, limits, None, crate::serve::shutdown_signal()).await;
+    let threads = crate::threads::ConnectionThreads::configured(config.server.connections.threads)
+        .context("cannot start the connection threads")?;
+    crate::listen::serve(listener, app, limits, None, threads, crate::serve::shutdown_signal()).await;
     Ok(())
 }

@@ -14,6 +14,7 @@ use tollgate_server::AppState;
 use tracing_subscriber::EnvFilter;
 
 use crate::ServeArgs;
+use crate::threads::ConnectionThreads;
 
 /// How often the policy database's revision is polled: a change made through any instance is
 /// applied by every other within this (plus one reload).
@@ -161,6 +162,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let listen = config.server.listen;
     let limits = crate::listen::Limits::from_config(&config.server, Some(MAX_BODY_BYTES));
+    let threads = ConnectionThreads::configured(config.server.connections.threads)
+        .context("cannot start the connection threads")?;
     let limiter = start_limiter(&config).await?;
     let state = open_state(&args, limiter, config).await?;
     let _watcher = args.config.as_ref().map(|path| watch_config(path, &state)).transpose()?;
@@ -170,7 +173,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(
         address = %listener.local_addr()?, backend = state.limiter().backend_name(),
         config = %args.config.as_ref().map_or("builtin".into(), |p| p.display().to_string()),
-        database = %redact(&args.database.url),
+        database = %redact(&args.database.url), connection_threads = threads.len(),
         policies = ?policies, "tollgate is listening"
     );
 
@@ -193,6 +196,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         envoy.clone(),
         health.clone(),
         crate::listen::Limits { max_body: None, ..limits },
+        threads.clone(),
         traced,
     )
     .await?;
@@ -206,7 +210,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         health.terminate();
         grpc_health.set(false).await;
     };
-    serve_http(listener, app, limits, terminating).await;
+    serve_http(listener, app, limits, threads, terminating).await;
     // Reserved units not admitted go back to the backend (see tollgate_limiter::reserve).
     limiter.shutdown().await;
     if let Some(tracing) = tracing {
@@ -499,6 +503,7 @@ async fn serve_grpc(
     envoy: tollgate_envoy::EnvoyService,
     health: tollgate_envoy::ops::Health,
     limits: crate::listen::Limits,
+    threads: ConnectionThreads,
     traced: bool,
 ) -> anyhow::Result<GrpcHealth> {
     let tls = match (&args.grpc_tls_cert, &args.grpc_tls_key) {
@@ -541,7 +546,7 @@ async fn serve_grpc(
     let rls = tollgate_envoy::EnvoyServer::new(envoy);
     let grpc = tonic::service::Routes::new(health_service).add_service(rls.clone()).into_axum_router();
     let grpc = crate::listen::App::with_rls(with_request_spans(grpc, traced), (!traced).then_some(rls));
-    tokio::spawn(crate::listen::serve(grpc_listener, grpc, limits, tls, std::future::pending()));
+    tokio::spawn(crate::listen::serve(grpc_listener, grpc, limits, tls, threads, std::future::pending()));
     Ok(reporter)
 }
 
@@ -551,10 +556,11 @@ async fn serve_http(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     limits: crate::listen::Limits,
+    threads: ConnectionThreads,
     on_signal: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = crate::listen::serve(listener, app, limits, None, async move {
+    let server = crate::listen::serve(listener, app, limits, None, threads, async move {
         shutdown_signal().await;
         on_signal.await;
         tracing::info!("shutting down: no new connections; finishing requests in flight");

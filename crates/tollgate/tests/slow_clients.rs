@@ -489,3 +489,63 @@ rules = [{ algorithm = "fixed_window", limit = 1000000, period = "1m" }]
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The names of the server's threads serving connections (`tollgate-conn-N`), from /proc.
+fn connection_thread_names(pid: u32) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.unwrap().path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| name.starts_with("tollgate-conn-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// `connection_threads`: connections on threads of their own (3 here), or on the shared
+/// runtime (0). Either way the bounds hold, and many clients at once on several threads take
+/// exactly the limit between them.
+#[tokio::test]
+async fn connections_are_served_on_the_configured_threads() {
+    for (threads, names) in [(3, vec!["tollgate-conn-0", "tollgate-conn-1", "tollgate-conn-2"]), (0, vec![])]
+    {
+        let config = format!(
+            "[server]\nheader_timeout = \"{}ms\"\nconnection_threads = {threads}\n\n\
+             [policies.api]\nrules = [{{ algorithm = \"fixed_window\", limit = 100, period = \"1h\" }}]\n",
+            HEADER_TIMEOUT.as_millis()
+        );
+        let server = Tollgate::start(&config, &[]).await;
+        assert_eq!(connection_thread_names(server.pid()), names, "connection_threads = {threads}");
+        assert!(server.logs().contains(&format!("connection_threads={threads}")), "{}", server.logs());
+
+        // A silent connection is closed at the header timeout.
+        let mut silent = TcpStream::connect(addr(&server.base)).await.unwrap();
+        let start = Instant::now();
+        let (_, closed) = read_until_closed(&mut silent, start).await;
+        assert!(closed.is_some_and(|c| c < HEADER_TIMEOUT + MARGIN), "a silent connection held: {closed:?}");
+
+        // 12 keep-alive clients, 20 checks each, all at once: exactly 100 admitted.
+        let clients = (0..12).map(|_| {
+            let addr = addr(&server.base);
+            tokio::spawn(async move {
+                let mut stream = TcpStream::connect(addr).await.unwrap();
+                let mut admitted = 0;
+                for _ in 0..20 {
+                    stream.write_all(check_request(true).as_bytes()).await.unwrap();
+                    let answer = read_response(&mut stream).await;
+                    assert!(
+                        answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.1 429"),
+                        "{answer}"
+                    );
+                    admitted += usize::from(answer.starts_with("HTTP/1.1 200"));
+                }
+                admitted
+            })
+        });
+        let mut admitted = 0;
+        for client in clients.collect::<Vec<_>>() {
+            admitted += client.await.unwrap();
+        }
+        assert_eq!(admitted, 100, "connection_threads = {threads}");
+    }
+}

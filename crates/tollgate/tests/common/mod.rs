@@ -151,6 +151,11 @@ impl Tollgate {
             .sum()
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends SIGTERM without waiting for the exit.
     pub fn signal_term(&self) {
         Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
