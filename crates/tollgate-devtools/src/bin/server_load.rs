@@ -71,9 +71,15 @@ struct Args {
     /// RLS descriptor entry's value; `{key}` stands for the key's number.
     #[arg(long, default_value = "user-{key}")]
     value: String,
-    /// Connections, each with one request in flight.
+    /// Connections, each with one request in flight (with `--streams`, tasks: see there).
     #[arg(long, default_value_t = 32)]
     connections: usize,
+    /// gRPC: tasks sharing one HTTP/2 connection, each with one request (stream) in flight: the
+    /// `--connections` tasks open `connections / streams` connections (rounded up), as a proxy
+    /// with a few connections and many calls on each does. A task whose call fails reconnects
+    /// on a connection of its own.
+    #[arg(long, default_value_t = 1)]
+    streams: usize,
     /// Seconds of load.
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
@@ -328,6 +334,15 @@ async fn grpc_call(
     Ok(answer.overall_code)
 }
 
+/// An HTTP/2 connection to `authority`, its connection task spawned.
+async fn h2_connect(authority: &str) -> Result<h2::client::SendRequest<Bytes>, String> {
+    let stream = tokio::net::TcpStream::connect(authority).await.map_err(|e| format!("connect: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    let (sender, connection) = h2::client::handshake(stream).await.map_err(|e| format!("handshake: {e}"))?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
 async fn grpc_task(
     authority: String,
     uri: hyper::Uri,
@@ -336,27 +351,23 @@ async fn grpc_task(
     task: usize,
     deadline: Instant,
     pace: Pace,
+    shared: Option<h2::client::SendRequest<Bytes>>,
 ) -> Tally {
     let mut tally = Tally::new();
     let mut keys = Keys { state: task as u64 + 1, keys };
+    let mut shared = shared;
     'connect: while Instant::now() < deadline {
-        let stream = match tokio::net::TcpStream::connect(&authority).await {
-            Ok(s) => s,
-            Err(e) => {
-                tally.error(format!("connect: {e}"));
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
+        let mut sender = match shared.take() {
+            Some(sender) => sender,
+            None => match h2_connect(&authority).await {
+                Ok(sender) => sender,
+                Err(e) => {
+                    tally.error(e);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
         };
-        let _ = stream.set_nodelay(true);
-        let (mut sender, connection) = match h2::client::handshake(stream).await {
-            Ok(pair) => pair,
-            Err(e) => {
-                tally.error(format!("handshake: {e}"));
-                continue;
-            }
-        };
-        tokio::spawn(connection);
         // The schedule starts once connected: connecting is not what is measured.
         let mut schedule = pace.schedule(task);
         while Instant::now() < deadline {
@@ -384,8 +395,8 @@ async fn grpc_task(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if args.connections == 0 || args.keys == 0 || args.duration <= 0.0 {
-        bail!("--connections, --keys and --duration must be positive");
+    if args.connections == 0 || args.streams == 0 || args.keys == 0 || args.duration <= 0.0 {
+        bail!("--connections, --streams, --keys and --duration must be positive");
     }
     if !(args.rate >= 0.0 && args.rate.is_finite()) {
         bail!("--rate must be a number of requests per second, or 0");
@@ -417,7 +428,11 @@ async fn main() -> anyhow::Result<()> {
                 .parse()
                 .context("--target")?;
         let frames = std::sync::Arc::new(grpc_frames(&args));
+        let mut shared = None;
         for task in 0..args.connections {
+            if args.streams > 1 && task % args.streams == 0 {
+                shared = Some(h2_connect(&authority).await.map_err(anyhow::Error::msg)?);
+            }
             tasks.push(tokio::spawn(grpc_task(
                 authority.clone(),
                 uri.clone(),
@@ -426,6 +441,7 @@ async fn main() -> anyhow::Result<()> {
                 task,
                 deadline,
                 pace,
+                shared.clone(),
             )));
         }
     } else {
@@ -441,6 +457,7 @@ async fn main() -> anyhow::Result<()> {
     let report = serde_json::json!({
         "target": args.target,
         "connections": args.connections,
+        "streams": args.streams,
         "rate": args.rate,
         "behind": all.behind,
         "seconds": seconds,
