@@ -343,16 +343,24 @@ async fn h2_connect(authority: &str) -> Result<h2::client::SendRequest<Bytes>, S
     Ok(sender)
 }
 
-async fn grpc_task(
+/// Where gRPC tasks call, and what they send.
+#[derive(Clone)]
+struct GrpcTarget {
     authority: String,
     uri: hyper::Uri,
+    /// One request message per key.
     frames: std::sync::Arc<Vec<Bytes>>,
+}
+
+async fn grpc_task(
+    target: GrpcTarget,
     keys: u64,
     task: usize,
     deadline: Instant,
     pace: Pace,
     shared: Option<h2::client::SendRequest<Bytes>>,
 ) -> Tally {
+    let GrpcTarget { authority, uri, frames } = target;
     let mut tally = Tally::new();
     let mut keys = Keys { state: task as u64 + 1, keys };
     let mut shared = shared;
@@ -434,9 +442,7 @@ async fn main() -> anyhow::Result<()> {
                 shared = Some(h2_connect(&authority).await.map_err(anyhow::Error::msg)?);
             }
             tasks.push(tokio::spawn(grpc_task(
-                authority.clone(),
-                uri.clone(),
-                frames.clone(),
+                GrpcTarget { authority: authority.clone(), uri: uri.clone(), frames: frames.clone() },
                 args.keys,
                 task,
                 deadline,
