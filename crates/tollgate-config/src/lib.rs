@@ -144,10 +144,10 @@ pub struct ConnectionSettings {
 /// (0: none of their own).
 ///
 /// Each connection thread runs its own event loop, and a connection stays on the one it was
-/// handed to for life: nothing of a request is shared between cores but the counters
-/// themselves. `Shared` serves connections on Tokio's work-stealing runtime instead (with the
-/// server's other work), which spreads one busy connection's requests over cores but pays for
-/// the sharing on every request.
+/// handed to for life: its task, socket, timers and (HTTP/2) stream tasks never move between
+/// cores. `Shared` serves connections as tasks of Tokio's work-stealing runtime instead (with
+/// the server's other work), where they do; it measured slower on both decision paths, most on many
+/// HTTP/2 calls over few connections (docs/benchmarks.md, "Connection threads").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ConnectionThreadCount {
     /// One per core (what the OS lets the process use).

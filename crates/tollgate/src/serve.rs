@@ -285,8 +285,8 @@ fn watch_config(path: &std::path::Path, state: &AppState) -> anyhow::Result<toll
                 || new.tracing != startup.tracing
             {
                 tracing::warn!(
-                    "server.listen, the connection bounds, [backend], [memory] and [tracing] \
-                     changes take effect at the next restart"
+                    "server.listen, the connection bounds and threads, [backend], [memory] and \
+                     [tracing] changes take effect at the next restart"
                 );
             }
             let names: Vec<&str> = new.policies.iter().map(|(n, _)| n).collect();
