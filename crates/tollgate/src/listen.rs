@@ -95,22 +95,27 @@ impl Limits {
 /// and two more layers of futures, about 3,000 instructions a call (scripts/bench-server-instructions
 /// --grpc). The method's server is the one the router holds, so what it answers is the same;
 /// with request spans (`[tracing]`), which are the router's layers, the router takes it too.
+///
+/// The gRPC port's answers carry no `Date` header: gRPC does not use one (grpc-go sends none),
+/// and hyper's costs a header encoded into every answer.
 #[derive(Clone)]
 pub(crate) struct App {
     router: Router,
     rls: Option<tollgate_envoy::EnvoyServer>,
+    date_header: bool,
 }
 
 impl App {
-    /// `router`, with requests for exactly `ShouldRateLimit`'s path handed to `rls` instead.
+    /// The gRPC port's app: `router`, with requests for exactly `ShouldRateLimit`'s path handed
+    /// to `rls` instead.
     pub(crate) fn with_rls(router: Router, rls: Option<tollgate_envoy::EnvoyServer>) -> Self {
-        App { router, rls }
+        App { router, rls, date_header: false }
     }
 }
 
 impl From<Router> for App {
     fn from(router: Router) -> Self {
-        App { router, rls: None }
+        App { router, rls: None, date_header: true }
     }
 }
 
@@ -132,6 +137,7 @@ pub(crate) async fn serve(
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // Our own header timeout replaces hyper's (see the module's documentation).
     builder.http1().header_read_timeout(None);
+    builder.http2().auto_date_header(app.date_header);
     let builder = Arc::new(builder);
     tokio::pin!(shutdown);
     loop {

@@ -1197,6 +1197,8 @@ async fn only_should_rate_limit_itself_skips_the_grpc_router() {
         }
     };
     let answered = call("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit?x=1").await.unwrap();
+    // gRPC answers carry no Date header (the HTTP port's do).
+    assert!(answered.metadata().get("date").is_none(), "{:?}", answered.metadata());
     assert_eq!(answered.into_inner().overall_code(), Code::Ok);
     for path in [
         "/envoy.service.ratelimit.v3.RateLimitService/Other",
