@@ -243,10 +243,9 @@ struct Read {
 
 impl Read {
     fn push(&mut self, data: Bytes) {
-        if data.is_empty() {
-        } else if self.first.is_empty() {
+        if self.first.is_empty() {
             self.first = data;
-        } else {
+        } else if !data.is_empty() {
             let more = self.more.get_or_insert_with(|| BytesMut::from(&self.first[..]));
             more.extend_from_slice(&data);
         }
