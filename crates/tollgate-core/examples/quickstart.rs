@@ -32,11 +32,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 start.elapsed().as_millis(),
                 caller,
                 if d.allowed() { "allowed" } else { "denied" },
-                d.limit(),
+                d.binding(&rules).limit(),
                 d.remaining(),
                 d.reset_after().as_millis(),
                 d.retry_after().as_millis(),
-                d.binding().name().unwrap_or("-"),
+                d.binding(&rules).name().unwrap_or("-"),
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

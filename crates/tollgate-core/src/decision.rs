@@ -4,55 +4,93 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use smallvec::SmallVec;
+use crate::{AlgorithmName, RuleSet};
 
-use crate::AlgorithmName;
-
-/// A decision's outcomes, inline up to two rules (a limit, or a limit over two periods): the
-/// common shapes are decided without allocating.
-pub(crate) type Outcomes = SmallVec<[RuleOutcome; 2]>;
-
-/// One rule's part of a [`Decision`].
+/// One rule's numbers in a decision: what its state answered. Its name, algorithm and limit
+/// are the rule set's, joined to them by [`Decision::outcomes`]: a decision holds numbers only,
+/// so that five rules fit in its 128 bytes and making one writes no shared reference count.
 ///
-/// Its times are kept in whole microseconds (as the algorithms count them), half the size of
-/// a [`Duration`]: a decision is moved whole, and at this size a move is a few register
-/// copies rather than a `memcpy` call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RuleOutcome {
-    name: Option<Arc<str>>,
-    limit: u64,
+/// Times are whole microseconds (as the algorithms count them), half the size of a
+/// [`Duration`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Row {
     remaining: u64,
     reset_after_micros: u64,
+    /// Zero when the rule admits; at least 1 when it refuses (a refusal always has a wait), so
+    /// that this one field also says which.
     retry_after_micros: u64,
-    algorithm: AlgorithmName,
-    allowed: bool,
 }
 
-impl RuleOutcome {
-    /// An outcome; a rule that admits has no wait, whatever `retry_after_micros` says.
-    pub(crate) fn new(
-        name: Option<Arc<str>>,
-        algorithm: AlgorithmName,
-        allowed: bool,
-        limit: u64,
-        remaining: u64,
-        reset_after_micros: u64,
-        retry_after_micros: u64,
-    ) -> Self {
-        let retry_after_micros = if allowed { 0 } else { retry_after_micros };
-        RuleOutcome { name, limit, remaining, reset_after_micros, retry_after_micros, algorithm, allowed }
+impl Row {
+    /// A rule's row from its state's admission, with no report yet ([`report`](Self::report)
+    /// fills it in once every rule has decided).
+    #[inline(always)]
+    pub(crate) fn decided(admits: bool, retry_after_micros: u64) -> Row {
+        let retry_after_micros = if admits { 0 } else { retry_after_micros.max(1) };
+        Row { remaining: 0, reset_after_micros: 0, retry_after_micros }
     }
 
-    /// Sets the rule's report (its remaining units and time to full), once its state has
-    /// consumed or not: an outcome is made when its rule decides, before the others have.
+    /// A rule's row from the wait its state answered: zero when it admits, at least a
+    /// microsecond when not (as an algorithm's [`Admission`](crate::algorithm::Admission)
+    /// holds it).
+    #[inline(always)]
+    pub(crate) fn admitted_or_waiting(retry_after_micros: u64) -> Row {
+        Row { remaining: 0, reset_after_micros: 0, retry_after_micros }
+    }
+
+    /// Sets the rule's report: its remaining units and time to full.
     #[inline(always)]
     pub(crate) fn report(&mut self, remaining: u64, reset_after_micros: u64) {
         (self.remaining, self.reset_after_micros) = (remaining, reset_after_micros);
     }
 
+    pub(crate) fn allowed(&self) -> bool {
+        self.retry_after_micros == 0
+    }
+
+    /// Whether this rule binds rather than `other`, an earlier one (the first of equals binds:
+    /// see [`Decision`]), in a decision admitted or not.
+    #[inline(always)]
+    pub(crate) fn binds_over(&self, other: &Row, admitted: bool) -> bool {
+        if admitted {
+            // The fewest units left, then the longest time to full.
+            self.remaining < other.remaining
+                || (self.remaining == other.remaining && self.reset_after_micros > other.reset_after_micros)
+        } else {
+            // The longest wait (an admitting rule's is zero).
+            self.retry_after_micros > other.retry_after_micros
+        }
+    }
+}
+
+/// Rules whose rows a decision holds without allocating: five rows and the bookkeeping make
+/// 128 bytes, the most LLVM moves inline on x86-64 (eight 16-byte moves; past it a move is a
+/// `memcpy` call, and a decision is moved on every answer).
+const INLINE_ROWS: usize = 5;
+
+/// A decision's rows and which binds.
+#[derive(Clone, Debug)]
+enum Rows {
+    Inline { len: u8, binding: u8, rows: [Row; INLINE_ROWS] },
+    Spilled { binding: u8, rows: Box<[Row]> },
+}
+
+/// One rule's part of a [`Decision`], joined to its rule ([`Decision::outcomes`]): the rule's
+/// name, algorithm and limit, and its state's numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuleOutcome<'r> {
+    name: Option<&'r str>,
+    limit: u64,
+    remaining: u64,
+    reset_after_micros: u64,
+    retry_after_micros: u64,
+    algorithm: AlgorithmName,
+}
+
+impl<'r> RuleOutcome<'r> {
     /// The rule's name, if it has one.
-    pub fn name(&self) -> Option<&str> {
-        self.name.as_deref()
+    pub fn name(&self) -> Option<&'r str> {
+        self.name
     }
 
     /// The rule's algorithm.
@@ -62,7 +100,7 @@ impl RuleOutcome {
 
     /// Whether this rule alone would admit the request.
     pub fn allowed(&self) -> bool {
-        self.allowed
+        self.retry_after_micros == 0
     }
 
     /// The most units the rule admits at once (its `limit`; `capacity` for a token bucket and
@@ -85,107 +123,176 @@ impl RuleOutcome {
     pub fn retry_after(&self) -> Duration {
         Duration::from_micros(self.retry_after_micros)
     }
+}
 
-    /// This outcome as it stands `since` later, its waits that much shorter, with `units`
-    /// more left (at most the limit): an answer given again, from a cached denial or from
-    /// units reserved before.
-    pub fn later(&self, since: Duration, units: u64) -> RuleOutcome {
-        let since = u64::try_from(since.as_micros()).unwrap_or(u64::MAX);
-        RuleOutcome {
-            remaining: self.remaining.saturating_add(units).min(self.limit),
-            reset_after_micros: self.reset_after_micros.saturating_sub(since),
-            retry_after_micros: self.retry_after_micros.saturating_sub(since),
-            ..self.clone()
-        }
-    }
+/// One rule's answer as another decider reported it (a Tollgate server answering a remote
+/// client): see [`Decision::from_reports`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuleReport {
+    /// Whether the rule admits.
+    pub allowed: bool,
+    /// Units left.
+    pub remaining: u64,
+    /// Time until the rule is back to full.
+    pub reset_after: Duration,
+    /// Time until the cost would be admitted (ignored when `allowed`).
+    pub retry_after: Duration,
 }
 
 /// The answer to a check: admitted or not, with every rule's state.
 ///
 /// A check is all-or-nothing: the request is admitted only if every rule admits it, and a denied
-/// request consumes nothing. The headline [`limit`](Decision::limit),
-/// [`remaining`](Decision::remaining) and [`reset_after`](Decision::reset_after) are those of the
-/// most restrictive rule ([`binding`](Decision::binding)): when denied, the one that makes the
-/// caller wait longest; when admitted, the one with the fewest units left.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// request consumes nothing. The headline [`remaining`](Decision::remaining),
+/// [`reset_after`](Decision::reset_after) and [`retry_after`](Decision::retry_after) are those
+/// of the most restrictive rule ([`binding`](Decision::binding)): when denied, the one that
+/// makes the caller wait longest; when admitted, the one with the fewest units left.
+///
+/// A decision holds each rule's numbers, not the rule: its name, algorithm and limit come from
+/// the [`RuleSet`] it was made under, joined by [`outcomes`](Decision::outcomes) and
+/// [`binding`](Decision::binding).
+///
+/// ```
+/// use tollgate_core::{MemoryBackend, Operation, Period, Rule, RuleSet};
+///
+/// let rules = RuleSet::new([
+///     Rule::fixed_window(10, Period::SECOND).named("second"),
+///     Rule::fixed_window(3, Period::MINUTE).named("minute"),
+/// ])?;
+/// let decision = MemoryBackend::new().execute_now("k", &rules, Operation::Check { cost: 1 })?;
+/// assert_eq!(decision.remaining(), 2);
+/// assert_eq!(decision.binding(&rules).name(), Some("minute"));
+/// assert_eq!(decision.binding(&rules).limit(), 3);
+/// let names: Vec<_> = decision.outcomes(&rules).map(|o| o.name()).collect();
+/// assert_eq!(names, [Some("second"), Some("minute")]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
 pub struct Decision {
-    outcomes: Outcomes,
-    /// Narrow, to keep a decision small: a list of 2^32 outcomes would take 240 GB.
-    binding: u32,
-    allowed: bool,
+    rows: Rows,
 }
 
+impl PartialEq for Decision {
+    fn eq(&self, other: &Self) -> bool {
+        self.rows() == other.rows() && self.binding_index() == other.binding_index()
+    }
+}
+
+impl Eq for Decision {}
+
 impl Decision {
-    /// A decision from its rules' outcomes (in the rule set's order); admitted when every rule
-    /// admits.
+    /// A decision being made where it will be returned (it is too large to move cheaply): its
+    /// rows filled in place ([`start_rows`]), then [`settle`]d (or [`bound`] by a caller that
+    /// found the binding rule on the way).
     ///
-    /// # Panics
-    /// If `outcomes` is empty: a rule set always has at least one rule.
-    pub fn from_outcomes(outcomes: Vec<RuleOutcome>) -> Self {
-        Decision::from_outcome_list(SmallVec::from_vec(outcomes))
-    }
-
-    /// [`from_outcomes`](Self::from_outcomes), from outcomes collected without allocating.
-    pub(crate) fn from_outcome_list(outcomes: Outcomes) -> Self {
-        let mut decision = Decision { outcomes, allowed: false, binding: 0 };
-        decision.settle();
-        decision
-    }
-
-    /// A decision being made where it will be returned (it is too large to move cheaply: each
-    /// move is a `memcpy` call): its outcomes pushed in place ([`outcomes_mut`]), then
-    /// [`settle`]d.
-    ///
-    /// [`outcomes_mut`]: Self::outcomes_mut
+    /// [`start_rows`]: Self::start_rows
     /// [`settle`]: Self::settle
+    /// [`bound`]: Self::bound
     #[inline(always)]
     pub(crate) fn building() -> Self {
-        Decision { outcomes: Outcomes::new(), allowed: false, binding: 0 }
+        Decision { rows: Rows::Inline { len: 0, binding: 0, rows: [Row::default(); INLINE_ROWS] } }
     }
 
-    /// The outcomes of a decision [`building`](Self::building).
-    pub(crate) fn outcomes_mut(&mut self) -> &mut Outcomes {
-        &mut self.outcomes
+    /// `count` rows for the caller to fill in, every one (they may hold an earlier answer):
+    /// inline up to [`INLINE_ROWS`], past them in one allocation.
+    #[inline(always)]
+    pub(crate) fn start_rows(&mut self, count: usize) -> &mut [Row] {
+        match &mut self.rows {
+            // Already inline (as `building` makes it): only the count changes.
+            Rows::Inline { len, .. } if count <= INLINE_ROWS => *len = count as u8,
+            rows if count <= INLINE_ROWS => {
+                *rows = Rows::Inline { len: count as u8, binding: 0, rows: [Row::default(); INLINE_ROWS] };
+            }
+            rows => {
+                *rows = Rows::Spilled { binding: 0, rows: vec![Row::default(); count].into_boxed_slice() }
+            }
+        }
+        self.rows_mut()
     }
 
-    /// Sets whether every rule admits and which binds, from the outcomes.
+    /// The rows begun by [`start_rows`](Self::start_rows), to fill in.
+    pub(crate) fn rows_mut(&mut self) -> &mut [Row] {
+        match &mut self.rows {
+            Rows::Inline { len, rows, .. } => &mut rows[..usize::from(*len)],
+            Rows::Spilled { rows, .. } => rows,
+        }
+    }
+
+    /// The rows, in the rule set's order.
+    fn rows(&self) -> &[Row] {
+        match &self.rows {
+            Rows::Inline { len, rows, .. } => &rows[..usize::from(*len)],
+            Rows::Spilled { rows, .. } => rows,
+        }
+    }
+
+    /// Sets which rule binds, from the rows.
     ///
     /// # Panics
     /// If there are none: a rule set always has at least one rule.
     #[inline(always)]
     pub(crate) fn settle(&mut self) {
-        assert!(!self.outcomes.is_empty(), "a decision needs at least one rule outcome");
-        let (allowed, binding) = match &self.outcomes[..] {
-            // One rule (the commonest set) binds by itself.
-            [only] => (only.allowed, 0),
-            outcomes => Decision::binding_of(outcomes),
-        };
-        (self.allowed, self.binding) = (allowed, binding as u32);
+        let rows = self.rows();
+        assert!(!rows.is_empty(), "a decision needs at least one rule");
+        // One rule (the commonest set) binds by itself.
+        let found = if rows.len() == 1 { 0 } else { Decision::binding_of(rows) as u8 };
+        match &mut self.rows {
+            Rows::Inline { binding, .. } | Rows::Spilled { binding, .. } => *binding = found,
+        }
     }
 
-    /// Whether every rule admits, and which of several binds (see [`Decision`]).
-    fn binding_of(outcomes: &[RuleOutcome]) -> (bool, usize) {
-        let allowed = outcomes.iter().all(|o| o.allowed);
+    /// Sets the binding rule, `binding` (found by [`Row::binds_over`] as the rows were made).
+    #[inline(always)]
+    pub(crate) fn bound(&mut self, binding: usize) {
+        match &mut self.rows {
+            Rows::Inline { binding: at, .. } | Rows::Spilled { binding: at, .. } => *at = binding as u8,
+        }
+    }
+
+    /// Which of several rows binds (see [`Decision`]).
+    fn binding_of(rows: &[Row]) -> usize {
+        let allowed = rows.iter().all(Row::allowed);
         // One pass, each rule against the binding so far; strictly ahead to take its place, so
-        // the first of equals binds. (A `max_by_key` on tuples of `Duration`s cost twice as
-        // much, on the path of every decision of several rules.)
+        // the first of equals binds. (A `max_by_key` on tuples cost twice as much, on the path
+        // of every decision of several rules.)
         let mut binding = 0;
-        for (i, o) in outcomes.iter().enumerate().skip(1) {
-            let b = &outcomes[binding];
-            let ahead = if allowed {
-                // Admitted: the fewest units left, then the longest time to full.
-                o.remaining < b.remaining
-                    || (o.remaining == b.remaining && o.reset_after_micros > b.reset_after_micros)
-            } else {
-                // Denied: a refusing rule, then the longest wait.
-                (!o.allowed & b.allowed)
-                    || (o.allowed == b.allowed && o.retry_after_micros > b.retry_after_micros)
-            };
-            if ahead {
+        for (i, o) in rows.iter().enumerate().skip(1) {
+            if o.binds_over(&rows[binding], allowed) {
                 binding = i;
             }
         }
-        (allowed, binding)
+        binding
+    }
+
+    /// A decision from each rule's answer as another decider reported it, in the rule set's
+    /// order; `None` unless there is one report per rule. Times are kept in whole
+    /// microseconds, rounded up: a wait reported is never shortened.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{Decision, Period, Rule, RuleReport, RuleSet};
+    ///
+    /// let rules = RuleSet::new([Rule::fixed_window(10, Period::SECOND)])?;
+    /// let second = Duration::from_secs(1);
+    /// let report = RuleReport { allowed: false, remaining: 0, reset_after: second, retry_after: second };
+    /// let decision = Decision::from_reports(&rules, [report]).unwrap();
+    /// assert!(!decision.allowed());
+    /// assert_eq!(decision.binding(&rules).limit(), 10);
+    /// assert!(Decision::from_reports(&rules, [report, report]).is_none());
+    /// # Ok::<(), tollgate_core::RuleError>(())
+    /// ```
+    pub fn from_reports(rules: &RuleSet, reports: impl IntoIterator<Item = RuleReport>) -> Option<Self> {
+        let micros = |d: Duration| u64::try_from(d.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX);
+        let reports: Vec<RuleReport> = reports.into_iter().collect();
+        if reports.len() != rules.len() {
+            return None;
+        }
+        let mut decision = Decision::building();
+        for (row, report) in decision.start_rows(reports.len()).iter_mut().zip(&reports) {
+            *row = Row::decided(report.allowed, micros(report.retry_after));
+            row.report(report.remaining, micros(report.reset_after));
+        }
+        decision.settle();
+        Some(decision)
     }
 
     /// A decision admitting a request without consulting any state, every rule reported full:
@@ -199,52 +306,107 @@ impl Decision {
     /// assert!(decision.allowed());
     /// assert_eq!(decision.remaining(), 10);
     /// ```
-    pub fn admitted_unchecked(rules: &crate::RuleSet) -> Self {
-        let outcomes = rules
-            .compiled()
-            .iter()
-            .map(|rule| {
-                let capacity = rule.algorithm.capacity();
-                RuleOutcome::new(rule.name.clone(), rule.rule.algorithm(), true, capacity, capacity, 0, 0)
-            })
-            .collect();
-        Decision::from_outcome_list(outcomes)
+    pub fn admitted_unchecked(rules: &RuleSet) -> Self {
+        let mut decision = Decision::building();
+        for (row, rule) in decision.start_rows(rules.len()).iter_mut().zip(rules.compiled()) {
+            *row = Row::decided(true, 0);
+            row.report(rule.capacity, 0);
+        }
+        decision.settle();
+        decision
     }
 
-    /// Whether the request was admitted (by every rule).
+    /// This decision as it stands `since` later, each rule's waits that much shorter, with
+    /// `units` more left (at most its limit; `rules` are the decision's): an answer given
+    /// again, from a cached denial or from units reserved before. A refusal keeps a wait of at
+    /// least a microsecond: it stays a refusal.
+    pub fn later(&self, rules: &RuleSet, since: Duration, units: u64) -> Decision {
+        let since = u64::try_from(since.as_micros()).unwrap_or(u64::MAX);
+        let mut decision = Decision::building();
+        let before = self.rows();
+        for ((row, was), rule) in
+            decision.start_rows(before.len()).iter_mut().zip(before).zip(rules.compiled())
+        {
+            *row = Row::decided(was.allowed(), was.retry_after_micros.saturating_sub(since));
+            row.report(
+                was.remaining.saturating_add(units).min(rule.capacity),
+                was.reset_after_micros.saturating_sub(since),
+            );
+        }
+        decision.settle();
+        decision
+    }
+
+    /// The binding rule's row.
+    fn binding_row(&self) -> &Row {
+        let (rows, binding) = match &self.rows {
+            Rows::Inline { rows, binding, .. } => (&rows[..], *binding),
+            Rows::Spilled { rows, binding } => (&rows[..], *binding),
+        };
+        &rows[usize::from(binding)]
+    }
+
+    /// Whether the request was admitted (by every rule: the binding rule admits only then).
     pub fn allowed(&self) -> bool {
-        self.allowed
-    }
-
-    /// The most restrictive rule's outcome.
-    pub fn binding(&self) -> &RuleOutcome {
-        &self.outcomes[self.binding as usize]
-    }
-
-    /// The binding rule's limit.
-    pub fn limit(&self) -> u64 {
-        self.binding().limit
+        self.binding_row().allowed()
     }
 
     /// The binding rule's remaining units.
     pub fn remaining(&self) -> u64 {
-        self.binding().remaining
+        self.binding_row().remaining
     }
 
     /// The binding rule's time until it is back to full.
     pub fn reset_after(&self) -> Duration {
-        self.binding().reset_after()
+        Duration::from_micros(self.binding_row().reset_after_micros)
     }
 
     /// Time until the same cost would be admitted by every rule (zero when admitted): the
-    /// longest of the rules' waits.
+    /// longest of the rules' waits, the binding rule's.
     pub fn retry_after(&self) -> Duration {
-        Duration::from_micros(self.outcomes.iter().map(|o| o.retry_after_micros).max().unwrap_or(0))
+        Duration::from_micros(self.binding_row().retry_after_micros)
     }
 
-    /// Every rule's outcome, in the rule set's order.
-    pub fn rules(&self) -> &[RuleOutcome] {
-        &self.outcomes
+    /// How many rules the decision answers for.
+    pub fn rule_count(&self) -> usize {
+        self.rows().len()
+    }
+
+    /// The position of the most restrictive rule in the rule set.
+    pub fn binding_index(&self) -> usize {
+        match &self.rows {
+            Rows::Inline { binding, .. } | Rows::Spilled { binding, .. } => usize::from(*binding),
+        }
+    }
+
+    /// The most restrictive rule's outcome, joined to its rule in `rules` (the set the
+    /// decision was made under).
+    ///
+    /// # Panics
+    /// If `rules` has fewer rules than the decision.
+    pub fn binding<'r>(&self, rules: &'r RuleSet) -> RuleOutcome<'r> {
+        let at = self.binding_index();
+        Decision::outcome(&rules.compiled()[at], self.binding_row())
+    }
+
+    /// Every rule's outcome, in the rule set's order, each joined to its rule in `rules` (the
+    /// set the decision was made under; a set of other rules is read only as far as both go).
+    pub fn outcomes<'d, 'r>(
+        &'d self,
+        rules: &'r RuleSet,
+    ) -> impl ExactSizeIterator<Item = RuleOutcome<'r>> + Clone + use<'d, 'r> {
+        rules.compiled().iter().zip(self.rows()).map(|(rule, row)| Decision::outcome(rule, row))
+    }
+
+    fn outcome<'r>(rule: &'r crate::ruleset::CompiledRule, row: &Row) -> RuleOutcome<'r> {
+        RuleOutcome {
+            name: rule.name.as_deref(),
+            limit: rule.capacity,
+            remaining: row.remaining,
+            reset_after_micros: row.reset_after_micros,
+            retry_after_micros: row.retry_after_micros,
+            algorithm: rule.algorithm_name,
+        }
     }
 }
 
@@ -312,43 +474,64 @@ pub struct Acquisition {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Period, Rule};
 
-    fn outcome(allowed: bool, remaining: u64, reset: u64, retry: u64) -> RuleOutcome {
-        RuleOutcome::new(
-            None,
-            AlgorithmName::FixedWindow,
-            allowed,
-            10,
-            remaining,
-            reset * 1_000_000,
-            retry * 1_000_000,
-        )
+    /// A decision of rows `(allowed, remaining, reset, retry)`, in seconds.
+    fn decision(rows: &[(bool, u64, u64, u64)]) -> Decision {
+        let mut d = Decision::building();
+        for (row, &(allowed, remaining, reset, retry)) in d.start_rows(rows.len()).iter_mut().zip(rows) {
+            *row = Row::decided(allowed, retry * 1_000_000);
+            row.report(remaining, reset * 1_000_000);
+        }
+        d.settle();
+        d
     }
 
     #[test]
     fn admitted_headline_is_the_rule_with_fewest_left() {
-        let d = Decision::from_outcomes(vec![
-            outcome(true, 5, 1, 0),
-            outcome(true, 2, 1, 0),
-            outcome(true, 2, 9, 0),
-        ]);
+        let d = decision(&[(true, 5, 1, 0), (true, 2, 1, 0), (true, 2, 9, 0)]);
         assert!(d.allowed());
         assert_eq!(d.remaining(), 2);
         assert_eq!(d.reset_after(), Duration::from_secs(9));
         assert_eq!(d.retry_after(), Duration::ZERO);
+        assert_eq!(d.binding_index(), 2);
     }
 
     #[test]
     fn denied_headline_is_the_longest_wait() {
-        let d = Decision::from_outcomes(vec![
-            outcome(true, 0, 50, 0),
-            outcome(false, 0, 3, 3),
-            outcome(false, 1, 7, 7),
-        ]);
+        let d = decision(&[(true, 0, 50, 0), (false, 0, 3, 3), (false, 1, 7, 7)]);
         assert!(!d.allowed());
         assert_eq!(d.retry_after(), Duration::from_secs(7));
         assert_eq!(d.remaining(), 1);
         assert_eq!(d.reset_after(), Duration::from_secs(7));
+    }
+
+    #[test]
+    fn a_refusal_always_has_a_wait_and_keeps_it_when_replayed() {
+        let d = decision(&[(false, 0, 0, 0)]);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_micros(1));
+        let rules = RuleSet::new([Rule::fixed_window(3, Period::SECOND)]).unwrap();
+        let later = d.later(&rules, Duration::from_secs(5), 0);
+        assert!(!later.allowed());
+        assert_eq!(later.retry_after(), Duration::from_micros(1));
+    }
+
+    #[test]
+    fn rows_past_the_inline_ones_are_kept_and_joined_to_their_rules() {
+        let rules = RuleSet::new((1..=7).map(|limit| Rule::fixed_window(limit, Period::SECOND))).unwrap();
+        let rows: Vec<_> = (0..7).map(|i| (true, 7 - i, 1, 0)).collect();
+        let d = decision(&rows);
+        assert_eq!(d.rule_count(), 7);
+        assert_eq!(d.binding_index(), 6);
+        let outcomes: Vec<_> = d.outcomes(&rules).map(|o| (o.limit(), o.remaining())).collect();
+        assert_eq!(outcomes, (0..7).map(|i| (i + 1, 7 - i)).collect::<Vec<_>>());
+        assert_eq!(d.binding(&rules).limit(), 7);
+        let later = d.later(&rules, Duration::ZERO, 100);
+        assert_eq!(
+            later.outcomes(&rules).map(|o| o.remaining()).collect::<Vec<_>>(),
+            (1..=7).collect::<Vec<_>>()
+        );
     }
 
     proptest::proptest! {
@@ -357,29 +540,28 @@ mod tests {
         /// wait; the first of equals either way.
         #[test]
         fn the_binding_rule_is_the_definitions(
-            rules in proptest::collection::vec((proptest::bool::ANY, 0u64..4, 0u64..4, 0u64..4), 2..7)
+            rules in proptest::collection::vec((proptest::bool::ANY, 0u64..4, 0u64..4, 0u64..4), 2..9)
         ) {
-            let outcomes: Vec<RuleOutcome> =
-                rules.iter().map(|&(allowed, left, reset, retry)| outcome(allowed, left, reset, retry)).collect();
-            let allowed = outcomes.iter().all(|o| o.allowed);
+            let d = decision(&rules);
+            let allowed = rules.iter().all(|r| r.0);
+            // A refusal's wait is at least a microsecond.
+            let retry = |&(ok, _, _, retry): &(bool, u64, u64, u64)| if ok { 0 } else { (retry * 1_000_000).max(1) };
             let key = |i: &usize| {
-                let o = &outcomes[*i];
-                if allowed {
-                    (u64::MAX - o.remaining, o.reset_after())
-                } else {
-                    (u64::from(!o.allowed), o.retry_after())
-                }
+                let r = &rules[*i];
+                if allowed { (u64::MAX - r.1, r.2) } else { (u64::from(!r.0), retry(r)) }
             };
-            let first_of_the_best = (0..outcomes.len()).rev().max_by_key(key).unwrap_or(0);
-            proptest::prop_assert_eq!(Decision::binding_of(&outcomes), (allowed, first_of_the_best));
+            let first_of_the_best = (0..rules.len()).rev().max_by_key(key).unwrap_or(0);
+            proptest::prop_assert_eq!(d.allowed(), allowed);
+            proptest::prop_assert_eq!(d.binding_index(), first_of_the_best);
         }
     }
 
     #[test]
-    fn a_decision_of_two_rules_is_small_enough_to_move_without_a_memcpy_call() {
+    fn a_decision_of_five_rules_is_small_enough_to_move_without_a_memcpy_call() {
         // LLVM copies up to 128 bytes inline on x86-64 (eight 16-byte moves); a decision is
         // moved on every answer (into its `Ok`, out of the backend, into the response).
         assert!(std::mem::size_of::<Decision>() <= 128, "{}", std::mem::size_of::<Decision>());
+        assert_eq!(INLINE_ROWS, 5);
     }
 
     #[test]
@@ -394,9 +576,12 @@ mod tests {
 
     #[test]
     fn ties_go_to_the_first_rule() {
-        let mut a = outcome(true, 3, 4, 0);
-        a.name = Some("first".into());
-        let d = Decision::from_outcomes(vec![a, outcome(true, 3, 4, 0)]);
-        assert_eq!(d.binding().name(), Some("first"));
+        let rules = RuleSet::new([
+            Rule::fixed_window(3, Period::SECOND).named("first"),
+            Rule::gcra(3, Period::MINUTE, 3),
+        ])
+        .unwrap();
+        let d = decision(&[(true, 3, 4, 0), (true, 3, 4, 0)]);
+        assert_eq!(d.binding(&rules).name(), Some("first"));
     }
 }

@@ -20,7 +20,7 @@
 use smallvec::SmallVec;
 
 use crate::algorithm::{Admission, Algorithm, AnyAlgorithm, Machine, Report, State, Visit};
-use crate::decision::{LeaseId, Outcomes, RuleOutcome};
+use crate::decision::{LeaseId, Row};
 use crate::plan::GroupPlan;
 use crate::ruleset::micros;
 use crate::{Decision, Operation, RuleSet};
@@ -214,6 +214,7 @@ struct Prepare<'a> {
 impl Visit for Prepare<'_> {
     type Output = Admission;
 
+    #[inline(always)] // once per rule of a set, as `Finish`
     fn visit<A: Algorithm>(self, algorithm: &A, state: &mut A::State) -> Admission {
         algorithm.refresh(state, self.now);
         match self.op {
@@ -247,10 +248,10 @@ impl Visit for Finish<'_> {
 
 /// Runs one operation on a key's states under a rule set: a group of one part, whose rules
 /// are states `0..n` in order (what a [`GroupPlan`] of that one part would say), and tells
-/// `states` when each expires. Its outcomes go into `outcomes` (empty), for the caller
-/// to make the [`Decision`] where it returns it: the decision is too large to move cheaply
-/// (each move is a `memcpy`). The caller has validated the operation
-/// ([`Operation::validate`]). A set of one rule runs as [`run_one`].
+/// `states` when each expires. Its rows go into `decision` (being built, see
+/// [`Decision::building`]: a decision is too large to move cheaply), complete after. The
+/// caller has validated the operation ([`Operation::validate`]). A set of one rule runs as
+/// [`run_one`].
 ///
 /// The phases are [`phases`]' in effect, each state's run apart on its algorithm's own type
 /// (two matches of the enum per rule, not one per phase): a rule set holds no two rules of the
@@ -261,62 +262,29 @@ pub(crate) fn run(
     op: Operation<'_>,
     now: i64,
     states: &mut impl States,
-    outcomes: &mut Outcomes,
-) {
-    let count = rules.len();
-    if count <= outcomes.inline_size() {
-        decide_all(rules, op, now, states, outcomes);
-    } else {
-        // Past the inline outcomes, into a `Vec` sized once, handed over whole: a `SmallVec`'s
-        // every push asks whether it has spilled, and reserving on it costs more than the
-        // allocation.
-        let mut list = Vec::with_capacity(count);
-        decide_all(rules, op, now, states, &mut list);
-        *outcomes = Outcomes::from_vec(list);
-    }
-}
-
-/// Where [`decide_all`] puts a lone operation's outcomes.
-trait OutcomeList: std::ops::DerefMut<Target = [RuleOutcome]> {
-    fn push(&mut self, outcome: RuleOutcome);
-}
-
-impl OutcomeList for Outcomes {
-    fn push(&mut self, outcome: RuleOutcome) {
-        Outcomes::push(self, outcome);
-    }
-}
-
-impl OutcomeList for Vec<RuleOutcome> {
-    fn push(&mut self, outcome: RuleOutcome) {
-        Vec::push(self, outcome);
-    }
-}
-
-/// The phases of [`run`], its outcomes pushed onto `outcomes` (empty, with room for them).
-#[inline(always)]
-fn decide_all(
-    rules: &RuleSet,
-    op: Operation<'_>,
-    now: i64,
-    states: &mut impl States,
-    outcomes: &mut impl OutcomeList,
+    decision: &mut Decision,
 ) {
     let (units, lease) = demand_of(op);
     let compiled = rules.compiled();
+    let rows = decision.start_rows(compiled.len());
     let probe = units.max(1);
-    // Each rule's outcome made as its state decides, its report filled in below: no list of
-    // admissions beside it.
-    for (at, rule) in compiled.iter().enumerate() {
-        let admission = rule.algorithm.visit(states.get(at), Prepare { now, op, probe });
-        outcomes.push(rule.outcome(admission));
+    // Each rule's row made as its state decides, its report filled in below.
+    for (at, (rule, row)) in compiled.iter().zip(rows.iter_mut()).enumerate() {
+        *row = rule.row(rule.algorithm.visit(states.get(at), Prepare { now, op, probe }));
     }
-    let units = if outcomes.iter().all(RuleOutcome::allowed) { units } else { 0 };
-    for (at, (rule, outcome)) in compiled.iter().zip(outcomes.iter_mut()).enumerate() {
+    let admitted = rows.iter().all(Row::allowed);
+    let units = if admitted { units } else { 0 };
+    // The binding rule found as the reports are filled in, not in a pass of its own.
+    let mut binding = (0, Row::default());
+    for (at, (rule, row)) in compiled.iter().zip(rows.iter_mut()).enumerate() {
         let (report, expires_at) = rule.algorithm.visit(states.get(at), Finish { now, units, lease });
         states.expires(at, expires_at);
-        outcome.report(report.remaining, micros(report.reset_after));
+        row.report(report.remaining, micros(report.reset_after));
+        if at == 0 || row.binds_over(&binding.1, admitted) {
+            binding = (at, *row);
+        }
     }
+    decision.bound(binding.0);
 }
 
 /// [`run`] under a set of one rule (the commonest set), on its one `state`: the rule's
@@ -327,10 +295,14 @@ pub(crate) fn run_one(
     op: Operation<'_>,
     now: i64,
     state: &mut State,
-    outcomes: &mut Outcomes,
+    decision: &mut Decision,
 ) -> Option<i64> {
-    let (admission, report, expires_at) = rules.compiled()[0].algorithm.visit(state, RunOne { now, op });
-    outcomes.push(rules.outcome(0, admission, report));
+    let rule = &rules.compiled()[0];
+    let (admission, report, expires_at) = rule.algorithm.visit(state, RunOne { now, op });
+    let row = &mut decision.start_rows(1)[0];
+    *row = rule.row(admission);
+    row.report(report.remaining, micros(report.reset_after));
+    decision.bound(0);
     expires_at
 }
 
@@ -344,18 +316,21 @@ pub(crate) fn run_group<'r, P>(
     states: &mut impl States,
     mut emit: impl FnMut(usize, Decision),
 ) {
-    let parts = plan.parts().len();
-    let (mut part, mut outcomes) = (0, Outcomes::with_capacity(rules_of(0).len()));
+    let (mut part, mut rule) = (0, 0);
+    let mut decision = Decision::building();
     phases(now, plan, states, |admission, report| {
         let rules = rules_of(part);
-        outcomes.push(rules.outcome(outcomes.len(), admission, report));
-        if outcomes.len() == rules.len() {
-            let next = if part + 1 < parts { rules_of(part + 1).len() } else { 0 };
-            emit(
-                part,
-                Decision::from_outcome_list(std::mem::replace(&mut outcomes, Outcomes::with_capacity(next))),
-            );
-            part += 1;
+        if rule == 0 {
+            decision.start_rows(rules.len());
+        }
+        let row = &mut decision.rows_mut()[rule];
+        *row = rules.compiled()[rule].row(admission);
+        row.report(report.remaining, micros(report.reset_after));
+        rule += 1;
+        if rule == rules.len() {
+            decision.settle();
+            emit(part, std::mem::replace(&mut decision, Decision::building()));
+            (part, rule) = (part + 1, 0);
         }
     });
 }

@@ -26,7 +26,7 @@
 //! let decision = backend.execute_now("api-key-42", &rules, Operation::Check { cost: 4 })?;
 //! assert!(decision.allowed());
 //! assert_eq!(decision.remaining(), 6);
-//! assert_eq!(decision.binding().name(), Some("second"));
+//! assert_eq!(decision.binding(&rules).name(), Some("second"));
 //!
 //! let denied = backend.execute_now("api-key-42", &rules, Operation::Check { cost: 7 })?;
 //! assert!(!denied.allowed());
@@ -54,7 +54,7 @@ pub mod script;
 pub use backend::Backend;
 pub use batch::Part;
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use decision::{Acquisition, Decision, Lease, LeaseId, LeaseIdError, RuleOutcome};
+pub use decision::{Acquisition, Decision, Lease, LeaseId, LeaseIdError, RuleOutcome, RuleReport};
 pub use error::{BoxError, Error, KeyError, RuleError};
 pub use footprint::StateFootprint;
 pub use memory::{

@@ -13,7 +13,6 @@ use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
 use crate::algorithm::State;
-use crate::decision::Outcomes;
 use crate::engine::{self, States};
 use crate::limits::{MAX_BATCH_PARTS, MAX_RULES};
 use crate::operation::validate_key;
@@ -68,11 +67,15 @@ struct Entry {
     /// The expiry of this entry's newest (and lowest) record in its shard's `by_expiry`, at
     /// most `expires_at`; `i64::MAX` before its first.
     floor: i64,
+    /// The [`RuleSet::id`] of the set whose rules `states` are, exactly and in its order, when
+    /// known; 0 when not. Set when a run finds them so; reset by every change to which states
+    /// are held (a state added or dropped).
+    laid_out_for: u64,
 }
 
 impl Default for Entry {
     fn default() -> Self {
-        Entry { states: SmallVec::new(), expires_at: i64::MIN, floor: i64::MAX }
+        Entry { states: SmallVec::new(), expires_at: i64::MIN, floor: i64::MAX, laid_out_for: 0 }
     }
 }
 
@@ -442,6 +445,7 @@ impl Entry {
         match self.states.iter().position(same) {
             Some(at) => at,
             None => {
+                self.laid_out_for = 0;
                 self.states.push(HeldState {
                     signature: rule.signature.clone(),
                     state: rule.algorithm.new_state(),
@@ -455,25 +459,31 @@ impl Entry {
     /// Runs a lone operation of several rules on this key's states ([`engine::run`]), and
     /// records when the entry expires.
     #[inline(never)] // out of the way of the one-rule path, whose code it would spread
-    fn run(&mut self, rules: &RuleSet, op: Operation<'_>, now: i64, outcomes: &mut Outcomes) {
+    fn run(&mut self, rules: &RuleSet, op: Operation<'_>, now: i64, decision: &mut Decision) {
         let compiled = rules.compiled();
         // A key checked under one rule set holds its states in the set's order (the commonest
         // case): they are reached by position, without finding each and indexing through.
+        // Known so from the last run (one comparison), or found so by comparing each.
         let states = &mut self.states[..];
-        let in_order = states.len() >= compiled.len()
-            && compiled.iter().zip(states.iter()).all(|(rule, s)| Arc::ptr_eq(&s.signature, &rule.signature));
+        let each_in_place = |states: &[HeldState]| {
+            compiled.iter().zip(states).all(|(rule, s)| Arc::ptr_eq(&s.signature, &rule.signature))
+        };
+        let laid_out = self.laid_out_for == rules.id();
+        debug_assert!(!laid_out || (states.len() == compiled.len() && each_in_place(states)));
+        let in_order = laid_out || (states.len() >= compiled.len() && each_in_place(states));
         if in_order {
             let alone = states.len() == compiled.len();
             let mut held = InOrder { held: states, latest: i64::MIN };
-            engine::run(rules, op, now, &mut held, outcomes);
+            engine::run(rules, op, now, &mut held, decision);
             // A key holding only this set's states (the commonest) expires with the latest.
             if alone {
+                self.laid_out_for = rules.id();
                 self.expires_at = held.latest;
                 return;
             }
         } else {
             let index = self.find(rules);
-            engine::run(rules, op, now, &mut Found { held: &mut self.states, index: &index }, outcomes);
+            engine::run(rules, op, now, &mut Found { held: &mut self.states, index: &index }, decision);
         }
         self.refresh_expiry();
     }
@@ -504,7 +514,11 @@ impl Entry {
 
     /// Drops expired states; false when none is left.
     fn prune(&mut self, now: i64) -> bool {
+        let held = self.states.len();
         self.states.retain(|s| s.expires_at > now);
+        if self.states.len() != held {
+            self.laid_out_for = 0;
+        }
         !self.states.is_empty()
     }
 }
@@ -557,7 +571,6 @@ impl<C: Clock> MemoryBackend<C> {
         let Ok(decision) = &mut result else { return result };
         let now = self.now();
         let mut evicted = 0;
-        let outcomes = decision.outcomes_mut();
         {
             let (hash, at) = self.place(key);
             let mut guard = self.lock(at);
@@ -574,9 +587,9 @@ impl<C: Clock> MemoryBackend<C> {
                 // One rule (the commonest set): its state found and settled without an index.
                 [rule] => {
                     let at = entry.find_one(rule, 0);
-                    entry.run_one(at, |state| engine::run_one(rules, op, now, state, outcomes));
+                    entry.run_one(at, |state| engine::run_one(rules, op, now, state, decision));
                 }
-                _ => entry.run(rules, op, now, outcomes),
+                _ => entry.run(rules, op, now, decision),
             }
             if entry.expires_at < entry.floor {
                 shard.index(hash, key);
@@ -584,7 +597,6 @@ impl<C: Clock> MemoryBackend<C> {
         }
         self.evicted(evicted, now);
         self.maybe_sweep(now);
-        decision.settle();
         result
     }
 
@@ -595,6 +607,7 @@ impl<C: Clock> MemoryBackend<C> {
         let mut shard = self.lock(at);
         if let Some(entry) = shard.map.get_mut(hash, key) {
             entry.states.retain(|held| !rules.signatures().any(|s| s == &*held.signature));
+            entry.laid_out_for = 0;
             entry.refresh_expiry();
             if entry.states.is_empty() {
                 shard.map.remove(hash, key);

@@ -1,10 +1,9 @@
 //! [`RuleSet`]: rules validated and compiled once, then checked together.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::algorithm::{self, Admission, AnyAlgorithm, Report};
-use crate::decision::RuleOutcome;
+use crate::algorithm::{self, Admission, AnyAlgorithm};
+use crate::decision::Row;
 use crate::limits::{MAX_CONCURRENCY_LIMIT, MAX_COUNT, MAX_LOG_LIMIT, MAX_NAME_BYTES, MAX_RULES};
 use crate::{AlgorithmName, Rule, RuleError, RuleKind};
 
@@ -23,19 +22,11 @@ pub(crate) struct CompiledRule {
 }
 
 impl CompiledRule {
-    /// The rule's outcome from its state's admission, with no report yet
-    /// ([`RuleOutcome::report`] fills it in once every rule has decided).
+    /// The rule's row from its state's admission, with no report yet ([`Row::report`] fills
+    /// it in once every rule has decided).
     #[inline(always)]
-    pub(crate) fn outcome(&self, admission: Admission) -> RuleOutcome {
-        RuleOutcome::new(
-            self.name.clone(),
-            self.algorithm_name,
-            admission.admits,
-            self.capacity,
-            0,
-            0,
-            micros(admission.retry_after),
-        )
+    pub(crate) fn row(&self, admission: Admission) -> Row {
+        Row::admitted_or_waiting(admission.retry_after.unsigned_abs())
     }
 }
 
@@ -74,7 +65,12 @@ pub struct RuleSet {
     has_concurrency: bool,
     /// The smallest capacity of the rules: a cost up to it fits every rule.
     min_capacity: u64,
+    /// This set's identity, shared by its clones and by no other set (see [`RuleSet::id`]).
+    id: u64,
 }
+
+/// The last [`RuleSet::id`] given.
+static LAST_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn check_range(index: usize, field: &'static str, value: u64, min: u64, max: u64) -> Result<(), RuleError> {
     if (min..=max).contains(&value) {
@@ -172,7 +168,9 @@ impl RuleSet {
         }
         let has_concurrency = compiled.iter().any(|c| c.algorithm.holds_leases());
         let min_capacity = compiled.iter().map(|c| c.algorithm.capacity()).min().unwrap_or(0);
-        Ok(RuleSet { rules: compiled.into(), has_concurrency, min_capacity })
+        // Relaxed: the ids need only be distinct.
+        let id = LAST_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        Ok(RuleSet { rules: compiled.into(), has_concurrency, min_capacity, id })
     }
 
     /// Number of rules.
@@ -202,6 +200,13 @@ impl RuleSet {
         self.has_concurrency
     }
 
+    /// This set's identity: the same for its clones, different for every other set made in
+    /// this process (never 0). The memory backend remembers which set a key's states are laid
+    /// out for by it, instead of comparing each state with each rule on every decision.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     /// The smallest capacity of the rules (a cost up to it fits every rule).
     pub(crate) fn min_capacity(&self) -> u64 {
         self.min_capacity
@@ -209,40 +214,6 @@ impl RuleSet {
 
     pub(crate) fn compiled(&self) -> &[CompiledRule] {
         &self.rules
-    }
-
-    /// Rule `index`'s outcome as another decider reported it (a Tollgate server answering a
-    /// remote client): the rule's name, algorithm and limit come from this set. `None` when the
-    /// set has no rule `index`.
-    pub fn reported_outcome(
-        &self,
-        index: usize,
-        allowed: bool,
-        remaining: u64,
-        reset_after: Duration,
-        retry_after: Duration,
-    ) -> Option<RuleOutcome> {
-        let rule = self.compiled().get(index)?;
-        // Microseconds, rounded up: a wait reported is never shortened.
-        let micros = |d: Duration| u64::try_from(d.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX);
-        let (reset_after, retry_after) = (micros(reset_after), micros(retry_after));
-        let limit = rule.algorithm.capacity();
-        Some(RuleOutcome::new(
-            rule.name.clone(),
-            rule.rule.algorithm(),
-            allowed,
-            limit,
-            remaining,
-            reset_after,
-            retry_after,
-        ))
-    }
-
-    /// A rule's outcome from its admission and report (shared by both backends).
-    pub(crate) fn outcome(&self, index: usize, admission: Admission, report: Report) -> RuleOutcome {
-        let mut outcome = self.compiled()[index].outcome(admission);
-        outcome.report(report.remaining, micros(report.reset_after));
-        outcome
     }
 
     /// The most bytes this set's state for one key can take: its rules' worst cases, and the

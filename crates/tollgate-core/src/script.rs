@@ -49,9 +49,10 @@ use std::sync::OnceLock;
 
 use smallvec::SmallVec;
 
-use crate::algorithm::{Admission, LUA_TWINS, Report, to_i64};
+use crate::algorithm::{LUA_TWINS, to_i64};
+use crate::decision::Row;
 use crate::plan::GroupPlan;
-use crate::ruleset::CompiledRule;
+use crate::ruleset::{CompiledRule, micros};
 use crate::{BatchPlan, Decision, Operation, Part, RuleSet, Timestamp};
 
 pub use call::{CallError, execute, execute_into, parse_int};
@@ -424,15 +425,15 @@ pub fn decode(parts: &[Part<'_>], reply: &[i64]) -> Result<(Timestamp, Vec<Decis
     let decisions = parts
         .iter()
         .map(|part| {
-            let outcomes = (0..part.rules.len())
-                .zip(values.by_ref())
-                .map(|(i, r)| {
-                    let admission = Admission { admits: r[0] == 1, retry_after: r[3] };
-                    let report = Report { remaining: u64::try_from(r[1]).unwrap_or(0), reset_after: r[2] };
-                    part.rules.outcome(i, admission, report)
-                })
-                .collect();
-            Decision::from_outcomes(outcomes)
+            let mut decision = Decision::building();
+            let rows = decision.start_rows(part.rules.len());
+            for (row, r) in rows.iter_mut().zip(values.by_ref()) {
+                // Read from a reply: a refusal's wait is made at least a microsecond here.
+                *row = Row::decided(r[0] == 1, micros(r[3]));
+                row.report(u64::try_from(r[1]).unwrap_or(0), micros(r[2]));
+            }
+            decision.settle();
+            decision
         })
         .collect();
     Ok((now, decisions))

@@ -714,23 +714,23 @@ fn descriptor_status(
     let d = &verdict.decision;
     let p = item.planned;
     let over = item.impossible || !d.allowed();
-    let hits = Hits { hits: p.hits, shadow: p.shadow, over, near: near(d, ratio) };
+    let rules = &item.policy.rules;
+    let hits = Hits { hits: p.hits, shadow: p.shadow, over, near: near(d, rules, ratio) };
     // Upstream's counts from the binding rule's counter before these hits.
-    let o = d.binding();
+    let o = d.binding(rules);
     let used = o.limit().saturating_sub(o.remaining());
     let before = if item.charged { used.saturating_sub(p.hits) } else { used };
     stats.count(p.key_path(domain), hits, &UpstreamCounts::new(o.limit(), before, p.hits, ratio, p.shadow));
     let code = if over && !p.shadow { Code::OverLimit } else { Code::Ok };
-    let binding = d.rules().iter().position(|o| std::ptr::eq(o, d.binding())).unwrap_or(0);
-    let limit = item.limited.get(binding).copied();
+    let limit = item.limited.get(d.binding_index()).copied();
     let remaining = if over { 0 } else { d.remaining() };
     status(code, limit, remaining, d.reset_after())
 }
 
 /// Upstream's near-limit test: more used than `floor(limit x ratio)`, computed in 32-bit floats
 /// as upstream computes it (`float32(limit) * NEAR_LIMIT_RATIO`).
-fn near(d: &Decision, ratio: f32) -> bool {
-    d.rules().iter().any(|o| {
+fn near(d: &Decision, rules: &RuleSet, ratio: f32) -> bool {
+    d.outcomes(rules).any(|o| {
         #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let threshold = (o.limit() as f32 * ratio).floor() as u64;
         o.limit().saturating_sub(o.remaining()) > threshold

@@ -165,8 +165,8 @@ const STATE: HeaderName = HeaderName::from_static("ratelimit");
 /// [`FixedHeaders`].
 pub fn policy_header(rules: &RuleSet) -> Option<HeaderValue> {
     let mut policy = String::with_capacity(32 * rules.len());
-    for (index, (rule, outcome)) in rules.rules().zip(Decision::admitted_unchecked(rules).rules()).enumerate()
-    {
+    let full = Decision::admitted_unchecked(rules);
+    for (index, (rule, outcome)) in rules.rules().zip(full.outcomes(rules)).enumerate() {
         if index > 0 {
             policy.push_str(", ");
         }
@@ -188,7 +188,7 @@ pub fn policy_header(rules: &RuleSet) -> Option<HeaderValue> {
 #[derive(Clone, Debug)]
 pub struct FixedHeaders {
     policy: Option<HeaderValue>,
-    /// Each rule's limit, and its header value.
+    /// Each rule's limit, and its header value, in the rule set's order.
     limits: Vec<(u64, HeaderValue)>,
 }
 
@@ -196,18 +196,18 @@ impl FixedHeaders {
     /// The fixed headers of `rules`.
     pub fn new(rules: &RuleSet) -> Self {
         let limits = Decision::admitted_unchecked(rules)
-            .rules()
-            .iter()
+            .outcomes(rules)
             .map(|outcome| (outcome.limit(), HeaderValue::from(outcome.limit())))
             .collect();
         FixedHeaders { policy: policy_header(rules), limits }
     }
 
-    /// The `X-RateLimit-Limit` value of `limit`.
-    fn limit(&self, limit: u64) -> HeaderValue {
-        match self.limits.iter().find(|(l, _)| *l == limit) {
-            Some((_, value)) => value.clone(),
-            None => number(limit),
+    /// The `X-RateLimit-Limit` value of rule `index`, `limit` (formatted when the kept one
+    /// is not that: a caller's rules other than these).
+    fn limit(&self, index: usize, limit: u64) -> HeaderValue {
+        match self.limits.get(index) {
+            Some((kept, value)) if *kept == limit => value.clone(),
+            _ => number(limit),
         }
     }
 }
@@ -229,7 +229,7 @@ fn ietf_headers(headers: &mut HeaderMap, rules: &RuleSet, decision: &Decision, f
     // An unnamed rule's item (`"sliding_window_counter.4";r=<13 digits>;t=<11 digits>, `) fits
     // in 64 bytes: sized once, not grown on the way.
     let mut state = String::with_capacity(64 * rules.len());
-    for (index, (rule, outcome)) in rules.rules().zip(decision.rules()).enumerate() {
+    for (index, (rule, outcome)) in rules.rules().zip(decision.outcomes(rules)).enumerate() {
         if index > 0 {
             state.push_str(", ");
         }
@@ -274,9 +274,10 @@ pub fn rate_limit_headers(
                 ceil_secs(now) + reset_secs
             }
         };
+        let limit = decision.binding(rules).limit();
         let limit = match fixed {
-            Some(fixed) => fixed.limit(decision.limit()),
-            None => number(decision.limit()),
+            Some(fixed) => fixed.limit(decision.binding_index(), limit),
+            None => number(limit),
         };
         headers.insert(X_LIMIT, limit);
         headers.insert(X_REMAINING, number(decision.remaining()));

@@ -181,13 +181,9 @@ impl<C: Clock> DecisionLog<C> {
             self.suppressed.fetch_add(1, Ordering::Relaxed);
             return None;
         }
-        let (index, refusing) = decision
-            .rules()
-            .iter()
-            .enumerate()
-            .filter(|(_, o)| !o.allowed())
-            .max_by_key(|(_, o)| o.retry_after())
-            .or_else(|| decision.rules().iter().enumerate().next())?;
+        // A denial's binding rule is the refusing rule with the longest wait.
+        let index = decision.binding_index();
+        let refusing = decision.outcomes(&policy.rules).nth(index)?;
         let rule = match refusing.name() {
             Some(name) => name.to_string(),
             None => format!("{}.{index}", refusing.algorithm()),

@@ -959,7 +959,7 @@ impl Limiter {
         let name = &policy.name;
         let outcome = outcome(verdict, taken);
         let near = verdict.decision.allowed()
-            && verdict.decision.rules().iter().any(|r| r.remaining().saturating_mul(5) < r.limit());
+            && verdict.decision.outcomes(&policy.rules).any(|r| r.remaining().saturating_mul(5) < r.limit());
         policy.counters.count_decision(name, outcome);
         if near {
             policy.counters.count_near_limit(name);

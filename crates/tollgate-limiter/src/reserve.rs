@@ -260,7 +260,7 @@ fn validity(rules: &RuleSet, reply: &Decision, sent: Timestamp) -> (Timestamp, O
         let micros = u128::from(units) * per.as_micros() / u128::from(refill.max(1));
         Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX)).min(RATE_VALIDITY)
     };
-    for (rule, outcome) in rules.rules().zip(reply.rules()) {
+    for (rule, outcome) in rules.rules().zip(reply.outcomes(rules)) {
         let valid = match rule.kind {
             RuleKind::FixedWindow { .. } => {
                 window = Some(window.map_or(outcome.reset_after(), |w| w.min(outcome.reset_after())));
@@ -280,10 +280,8 @@ fn validity(rules: &RuleSet, reply: &Decision, sent: Timestamp) -> (Timestamp, O
 
 /// A decision answered from a block: the reservation's reply, with the block's units counted
 /// as remaining and the waits shortened by the time since.
-fn report(reply: &Decision, sent: Timestamp, units: u64, now: Timestamp) -> Decision {
-    let since = now.saturating_duration_since(sent);
-    let outcomes = reply.rules().iter().map(|o| o.later(since, units)).collect();
-    Decision::from_outcomes(outcomes)
+fn report(rules: &RuleSet, reply: &Decision, sent: Timestamp, units: u64, now: Timestamp) -> Decision {
+    reply.later(rules, now.saturating_duration_since(sent), units)
 }
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -343,7 +341,7 @@ impl Reservations {
             self.counters.decisions.fetch_add(1, Ordering::Relaxed);
             let (reply, sent) = entry.reply.as_ref().unwrap_or_else(|| unreachable!("a block has a reply"));
             let held = Held { expires: entry.expires, window_end: entry.window_end };
-            return (Step::Served(report(reply, *sent, entry.units, now), held), None);
+            return (Step::Served(report(&policy.rules, reply, *sent, entry.units, now), held), None);
         }
         if entry.reserving.is_some_and(|since| now < since.saturating_add(IN_FLIGHT))
             || entry.refused_until.is_some_and(|until| now < until)
@@ -460,7 +458,7 @@ impl Reservations {
         entry.reply = Some((reply.clone(), sent));
         entry.last_used = now;
         self.counters.decisions.fetch_add(1, Ordering::Relaxed);
-        report(reply, sent, entry.units, now)
+        report(&policy.rules, reply, sent, entry.units, now)
     }
 
     /// Puts `units` answered from the block `held` back into the key's block, when that block
@@ -491,7 +489,7 @@ impl Reservations {
     /// Records a refused reservation (the reply `reply`): smaller blocks next.
     pub(crate) fn refused(&self, key: &str, policy: &Policy, reply: &Decision) {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
-        let left = reply.rules().iter().map(|o| o.remaining()).min().unwrap_or(0);
+        let left = reply.outcomes(&policy.rules).map(|o| o.remaining()).min().unwrap_or(0);
         let hash = self.hash(&policy.name, key);
         let mut shard = lock(self.shard(hash));
         if let Some(entry) = shard.get_mut(&policy.name).and_then(|keys| keys.get_mut(key)) {

@@ -84,11 +84,8 @@ impl DenyCache {
         let now = Instant::now();
         let hit = {
             let entry = self.map.get(id.as_str())?;
-            (now < entry.until && cost.max(1) >= entry.probe && entry.epoch == epoch).then(|| {
-                let elapsed = now - entry.sent;
-                let outcomes = entry.decision.rules().iter().map(|o| o.later(elapsed, 0)).collect();
-                Decision::from_outcomes(outcomes)
-            })
+            (now < entry.until && cost.max(1) >= entry.probe && entry.epoch == epoch)
+                .then(|| entry.decision.later(rules, now - entry.sent, 0))
         };
         if hit.is_none() {
             self.map.remove_if(id.as_str(), |_, d| d.until <= now || d.epoch != epoch);
@@ -141,14 +138,14 @@ impl DenyCache {
 
 #[cfg(test)]
 mod tests {
-    use tollgate_core::{Period, Rule};
+    use tollgate_core::{Period, Rule, RuleReport};
 
     use super::*;
 
     fn denied(retry_after: Duration) -> Decision {
         let rules = RuleSet::new([Rule::fixed_window(1, Period::SECOND)]).unwrap();
-        let outcome = rules.reported_outcome(0, false, 0, retry_after, retry_after).unwrap();
-        Decision::from_outcomes(vec![outcome])
+        let report = RuleReport { allowed: false, remaining: 0, reset_after: retry_after, retry_after };
+        Decision::from_reports(&rules, [report]).unwrap()
     }
 
     #[tokio::test(start_paused = true)]

@@ -297,11 +297,11 @@ mod engine_switch {
             full += usize::from(admitted == LIMIT);
             admitted_in_all += admitted;
             let left: Vec<u64> =
-                lua.check(key, &rules, 0).await.unwrap().rules().iter().map(|r| r.remaining()).collect();
+                lua.check(key, &rules, 0).await.unwrap().outcomes(&rules).map(|r| r.remaining()).collect();
             assert_eq!(left, [LIMIT - admitted; 5], "{key}: {admitted} admitted");
             lua.refund(key, &rules, admitted).await.unwrap();
             let left: Vec<u64> =
-                lua.check(key, &rules, 0).await.unwrap().rules().iter().map(|r| r.remaining()).collect();
+                lua.check(key, &rules, 0).await.unwrap().outcomes(&rules).map(|r| r.remaining()).collect();
             assert_eq!(left, [LIMIT; 5], "{key}: {admitted} admitted, and refunded");
         }
         println!(

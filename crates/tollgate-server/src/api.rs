@@ -322,7 +322,7 @@ pub async fn check(
         return Box::pin(explain(&state, caller, subject, req.cost, field)).await;
     }
     let verdict = state.limiter.check(&key, &policy, req.cost).await.map_err(|e| limit_problem(e, field))?;
-    state.live.record(&policy.name, &key, req.cost, &verdict);
+    state.live.record(&policy.name, &policy.rules, &key, req.cost, &verdict);
     Ok(decision_response(&state, &policy, req.policy.as_deref(), &verdict, None))
 }
 

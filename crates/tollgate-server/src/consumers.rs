@@ -77,13 +77,15 @@ fn denial_message(policy: &Policy, verdict: &Verdict, whom: &str) -> Option<Stri
     if verdict.allowed() {
         return None;
     }
-    policy.rules.rules().zip(verdict.decision.rules()).find(|(_, o)| !o.allowed()).map(|(rule, o)| {
-        let period = match rule.kind {
-            tollgate_core::RuleKind::FixedWindow { period, .. } => period,
-            _ => Period::HOUR,
-        };
-        format!("Too Many Requests. We only allow {} requests per {} {whom}.", o.limit(), unit(period))
-    })
+    policy.rules.rules().zip(verdict.decision.outcomes(&policy.rules)).find(|(_, o)| !o.allowed()).map(
+        |(rule, o)| {
+            let period = match rule.kind {
+                tollgate_core::RuleKind::FixedWindow { period, .. } => period,
+                _ => Period::HOUR,
+            };
+            format!("Too Many Requests. We only allow {} requests per {} {whom}.", o.limit(), unit(period))
+        },
+    )
 }
 
 /// Every period unlimited: admitted without a backend call, with no limits to report.
@@ -107,7 +109,7 @@ async fn decide(
     whom: &str,
 ) -> Result<Response, Problem> {
     let verdict = state.limiter.check(key, policy, cost).await.map_err(|e| limit_problem(e, "consumer"))?;
-    state.live.record(&policy.name, key, cost, &verdict);
+    state.live.record(&policy.name, &policy.rules, key, cost, &verdict);
     let mut body = DecisionBody::new(policy, &verdict, None);
     body.message = denial_message(policy, &verdict, whom);
     Ok(respond(&state.config.load().server, policy, &verdict, body, None))
@@ -216,7 +218,7 @@ pub async fn call_limits(
             .await
             .map_err(|e| limit_problem(e, "consumer"))?;
         body.degraded = verdict.degraded;
-        for (rule, outcome) in policy.rules.rules().zip(verdict.decision.rules()) {
+        for (rule, outcome) in policy.rules.rules().zip(verdict.decision.outcomes(&policy.rules)) {
             if let Some(name) = rule.name.as_deref().and_then(|n| PERIODS.iter().find(|(p, _)| *p == n)) {
                 let made = outcome.limit().saturating_sub(outcome.remaining());
                 body.current_state.insert(

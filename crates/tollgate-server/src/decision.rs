@@ -90,7 +90,7 @@ impl<'a> DecisionBody<'a> {
         let rules = policy
             .rules
             .rules()
-            .zip(d.rules())
+            .zip(d.outcomes(&policy.rules))
             .enumerate()
             .map(|(index, (rule, o))| RuleBody {
                 name: rule_name(rule, index),
@@ -104,7 +104,7 @@ impl<'a> DecisionBody<'a> {
             .collect();
         DecisionBody {
             allowed: verdict.allowed(),
-            limit: d.limit(),
+            limit: d.binding(&policy.rules).limit(),
             remaining: d.remaining(),
             reset_after_ms: ceil_millis(d.reset_after()),
             retry_after_ms: ceil_millis(d.retry_after()),

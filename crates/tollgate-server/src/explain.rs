@@ -171,7 +171,7 @@ pub(crate) async fn explain(
     let rules: Vec<RuleBody<'static>> = policy
         .rules
         .rules()
-        .zip(verdict.decision.rules())
+        .zip(verdict.decision.outcomes(&policy.rules))
         .enumerate()
         .map(|(index, (rule, o))| RuleBody {
             name: rule_name(rule, index).into_owned().into(),

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
+use tollgate_core::RuleSet;
 use tollgate_http::headers::ceil_millis;
 use tollgate_limiter::Verdict;
 
@@ -184,30 +185,31 @@ impl Live {
     }
 
     /// Records one decision of `policy` for `key` taking `cost` units. Peeks are ignored.
-    pub fn record(&self, policy: &str, key: &str, cost: u64, verdict: &Verdict) {
+    pub fn record(&self, policy: &str, rules: &RuleSet, key: &str, cost: u64, verdict: &Verdict) {
         if cost == 0 {
             return;
         }
-        self.record_at(policy, key, verdict, now_ms());
+        self.record_at(policy, rules, key, verdict, now_ms());
     }
 
-    fn record_at(&self, policy: &str, key: &str, verdict: &Verdict, now_ms: u64) {
+    fn record_at(&self, policy: &str, rules: &RuleSet, key: &str, verdict: &Verdict, now_ms: u64) {
         let sec = now_ms / 1000;
         // A policy already tracked is recorded under the map's read lock, without touching the
         // count of its entry's Arc (a cache line every thread would share).
         if let Some(entry) = self.policies.read().unwrap_or_else(|e| e.into_inner()).get(policy) {
             return self.record_in(
                 &mut entry.lock().unwrap_or_else(|e| e.into_inner()),
+                rules,
                 key,
                 verdict,
                 now_ms,
             );
         }
         let entry = self.entry(policy, sec);
-        self.record_in(&mut entry.lock().unwrap_or_else(|e| e.into_inner()), key, verdict, now_ms);
+        self.record_in(&mut entry.lock().unwrap_or_else(|e| e.into_inner()), rules, key, verdict, now_ms);
     }
 
-    fn record_in(&self, live: &mut PolicyLive, key: &str, verdict: &Verdict, now_ms: u64) {
+    fn record_in(&self, live: &mut PolicyLive, rules: &RuleSet, key: &str, verdict: &Verdict, now_ms: u64) {
         let sec = now_ms / 1000;
         live.last_sec = live.last_sec.max(sec);
         let bucket = live.bucket(sec);
@@ -219,7 +221,7 @@ impl Live {
             bucket.denied = bucket.denied.saturating_add(1);
         }
         // The rule with the smallest fraction left.
-        let tightest = verdict.decision.rules().iter().enumerate().filter(|(_, o)| o.limit() > 0).min_by(
+        let tightest = verdict.decision.outcomes(rules).enumerate().filter(|(_, o)| o.limit() > 0).min_by(
             |(_, a), (_, b)| {
                 (u128::from(a.remaining()) * u128::from(b.limit()))
                     .cmp(&(u128::from(b.remaining()) * u128::from(a.limit())))
@@ -347,7 +349,7 @@ mod tests {
 
     /// A real decision of one rule `r` (`limit` per `reset_ms`, from the first hit) leaving
     /// `remaining`, or denied at 0.
-    fn verdict(allowed: bool, remaining: u64, limit: u64, reset_ms: u64) -> Verdict {
+    fn verdict(allowed: bool, remaining: u64, limit: u64, reset_ms: u64) -> (RuleSet, Verdict) {
         let rules =
             RuleSet::new([
                 Rule::fixed_window_from_first_hit(limit, Period::from_millis(reset_ms).unwrap()).named("r")
@@ -364,7 +366,12 @@ mod tests {
             d
         });
         assert_eq!((decision.allowed(), decision.remaining()), (allowed, remaining));
-        Verdict { decision, degraded: false, shadow_denied: false, waited: Duration::ZERO }
+        (rules, Verdict { decision, degraded: false, shadow_denied: false, waited: Duration::ZERO })
+    }
+
+    /// Records `decided` (a [`verdict`]) at `now_ms`.
+    fn record(live: &Live, policy: &str, key: &str, (rules, verdict): (RuleSet, Verdict), now_ms: u64) {
+        live.record_at(policy, &rules, key, &verdict, now_ms);
     }
 
     const T0: u64 = 1_800_000_000_000;
@@ -372,9 +379,9 @@ mod tests {
     #[test]
     fn buckets_count_per_second_and_forget_after_the_window() {
         let live = Live::default();
-        live.record_at("p", "a", &verdict(true, 5, 10, 1000), T0);
-        live.record_at("p", "a", &verdict(true, 4, 10, 1000), T0 + 10);
-        live.record_at("p", "a", &verdict(false, 0, 10, 1000), T0 + 1500);
+        record(&live, "p", "a", verdict(true, 5, 10, 1000), T0);
+        record(&live, "p", "a", verdict(true, 4, 10, 1000), T0 + 10);
+        record(&live, "p", "a", verdict(false, 0, 10, 1000), T0 + 1500);
         let s = live.snapshot_at("p", T0 + 1600).unwrap();
         let last = s.allowed.len() - 1;
         assert_eq!((s.allowed[last - 1], s.denied[last - 1]), (2, 0));
@@ -384,7 +391,7 @@ mod tests {
         let later = live.snapshot_at("p", T0 + WINDOW_SECS * 1000 + 5000).unwrap();
         assert_eq!(later.allowed.iter().sum::<u32>() + later.denied.iter().sum::<u32>(), 0);
         // A bucket reused by a later second starts from zero.
-        live.record_at("p", "a", &verdict(true, 5, 10, 1000), T0 + WINDOW_SECS * 1000);
+        record(&live, "p", "a", verdict(true, 5, 10, 1000), T0 + WINDOW_SECS * 1000);
         let s = live.snapshot_at("p", T0 + WINDOW_SECS * 1000).unwrap();
         assert_eq!(s.allowed.iter().sum::<u32>(), 1);
     }
@@ -393,7 +400,7 @@ mod tests {
     fn nearest_keys_are_bounded_sorted_and_expire() {
         let live = Live::default();
         for i in 0..100u64 {
-            live.record_at("p", &format!("k{i}"), &verdict(true, i % 50, 50, 10_000 + i), T0);
+            record(&live, "p", &format!("k{i}"), verdict(true, i % 50, 50, 10_000 + i), T0);
         }
         let s = live.snapshot_at("p", T0 + 1).unwrap();
         assert_eq!(s.nearest.len(), TOP_KEYS);
@@ -401,7 +408,7 @@ mod tests {
         assert_eq!(remaining[..4], [0, 0, 1, 1]);
         assert!(remaining.iter().all(|r| *r < 10), "{remaining:?}");
         // A key seen again is updated, not duplicated.
-        live.record_at("p", "k0", &verdict(true, 49, 50, 10_000), T0 + 2);
+        record(&live, "p", "k0", verdict(true, 49, 50, 10_000), T0 + 2);
         let s = live.snapshot_at("p", T0 + 3).unwrap();
         assert_eq!(s.nearest.iter().filter(|n| n.key == "k0").count(), 1);
         // After their reset, entries are gone.
@@ -466,7 +473,7 @@ mod tests {
     fn policies_are_bounded() {
         let live = Live::default();
         for i in 0..(MAX_POLICIES as u64 + 10) {
-            live.record_at(&format!("p{i}"), "k", &verdict(true, 1, 2, 1000), T0 + i * 1000);
+            record(&live, &format!("p{i}"), "k", verdict(true, 1, 2, 1000), T0 + i * 1000);
         }
         assert_eq!(live.policies.read().unwrap().len(), MAX_POLICIES);
         assert!(live.snapshot_at("p0", T0).is_none(), "the stalest policy made room");

@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use tollgate_core::{
-    Decision, LeaseId, ManualClock, MemoryBackend, Operation, Period, Rule, RuleSet, Timestamp,
+    Decision, LeaseId, ManualClock, MemoryBackend, Operation, Period, Rule, RuleOutcome, RuleReport, RuleSet,
+    Timestamp,
 };
 use tollgate_testkit::conformance::one_of_each;
 
@@ -116,23 +117,34 @@ fn the_largest_buckets_at_whole_microsecond_rates_are_exact() {
     }
 }
 
-/// An outcome another decider reported (a remote Tollgate server) takes the rule's name,
-/// algorithm and limit from the set; a wait is reported only on a denial.
+/// Outcomes another decider reported (a remote Tollgate server) take the rules' names,
+/// algorithms and limits from the set; a wait is reported only on a denial, rounded up to
+/// whole microseconds, and never below one on a denial; one report per rule or no decision.
 #[test]
-fn a_reported_outcome_is_completed_from_the_rule_set() {
+fn reported_outcomes_are_completed_from_the_rule_set() {
     let rules =
         set([Rule::fixed_window(5, Period::SECOND), Rule::gcra(10, Period::SECOND, 3).named("burst")]);
     let (reset, retry) = (ms(300), ms(100));
-    let denied = rules.reported_outcome(1, false, 0, reset, retry).unwrap();
+    let report =
+        |allowed, remaining, retry_after| RuleReport { allowed, remaining, reset_after: reset, retry_after };
+    let d = Decision::from_reports(&rules, [report(true, 4, retry), report(false, 0, retry)]).unwrap();
+    let [admitted, denied]: [RuleOutcome; 2] = d.outcomes(&rules).collect::<Vec<_>>().try_into().unwrap();
     assert_eq!(denied.name(), Some("burst"));
     assert_eq!(denied.algorithm().to_string(), "gcra");
     assert_eq!((denied.allowed(), denied.limit(), denied.remaining()), (false, 3, 0));
     assert_eq!((denied.reset_after(), denied.retry_after()), (reset, retry));
-    let admitted = rules.reported_outcome(0, true, 4, reset, retry).unwrap();
     assert_eq!((admitted.name(), admitted.algorithm().to_string()), (None, "fixed_window".to_string()));
     assert_eq!((admitted.allowed(), admitted.limit(), admitted.remaining()), (true, 5, 4));
     assert_eq!((admitted.reset_after(), admitted.retry_after()), (reset, Duration::ZERO));
-    assert!(rules.reported_outcome(2, true, 0, reset, retry).is_none());
+    assert!(!d.allowed());
+    assert_eq!((d.binding_index(), d.retry_after()), (1, retry));
+    let d =
+        Decision::from_reports(&rules, [report(true, 4, retry), report(false, 0, Duration::from_nanos(1))]);
+    assert_eq!(d.map(|d| d.retry_after()), Some(Duration::from_micros(1)));
+    let d = Decision::from_reports(&rules, [report(true, 4, retry), report(false, 0, Duration::ZERO)]);
+    assert_eq!(d.map(|d| (d.allowed(), d.retry_after())), Some((false, Duration::from_micros(1))));
+    assert!(Decision::from_reports(&rules, [report(true, 0, retry)]).is_none());
+    assert!(Decision::from_reports(&rules, [report(true, 0, retry); 3]).is_none());
 }
 
 /// Sweeping drops only state that has expired, for every algorithm: a backend swept before

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tollgate_core::{Backend, Decision, Error, Operation, Rule, RuleSet};
+use tollgate_core::{Backend, Decision, Error, Operation, Rule, RuleReport, RuleSet};
 
 /// Most rules the server takes inline in one request.
 pub const MAX_REMOTE_RULES: usize = 16;
@@ -108,22 +108,18 @@ impl RemoteBackend {
         let body = CheckBody { key, limits: rules.rules().collect(), cost };
         let response = self.post("/v1/check", &body).await?;
         let body: DecisionBody = response.json().await.map_err(|e| self.failure(e))?;
-        if body.rules.len() != rules.len() {
-            return Err(Error::Backend(
-                format!("the server answered {} rule outcomes for {} rules", body.rules.len(), rules.len())
-                    .into(),
-            ));
-        }
-        let outcomes = body
-            .rules
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| {
-                let ms = Duration::from_millis;
-                rules.reported_outcome(i, r.allowed, r.remaining, ms(r.reset_after_ms), ms(r.retry_after_ms))
-            })
-            .collect();
-        Ok(Decision::from_outcomes(outcomes))
+        let ms = Duration::from_millis;
+        let reports = body.rules.iter().map(|r| RuleReport {
+            allowed: r.allowed,
+            remaining: r.remaining,
+            reset_after: ms(r.reset_after_ms),
+            retry_after: ms(r.retry_after_ms),
+        });
+        Decision::from_reports(rules, reports).ok_or_else(|| {
+            let message =
+                format!("the server answered {} rule outcomes for {} rules", body.rules.len(), rules.len());
+            Error::Backend(message.into())
+        })
     }
 }
 

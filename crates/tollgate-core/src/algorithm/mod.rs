@@ -63,7 +63,8 @@ pub(crate) trait Algorithm: Clone + Debug + PartialEq + Eq {
     /// Brings the state up to `now`: rolls windows over, drops expired entries.
     fn refresh(&self, state: &mut Self::State, now: i64);
 
-    /// Whether `probe` units (at least 1) would be admitted now, and if not, how long until.
+    /// Whether `probe` units (at least 1) would be admitted now, and if not, how long until
+    /// (at least a microsecond). The state has been [`refresh`](Self::refresh)ed to `now`.
     fn decide(&self, state: &Self::State, now: i64, probe: u64) -> Admission;
 
     /// Takes `units`, which [`decide`](Self::decide) admitted. `lease` is the lease the units
@@ -232,7 +233,9 @@ pub(crate) fn period_parameter(value: i64) -> Option<i64> {
     u64::try_from(value).ok().filter(|v| (min..=max).contains(v)).map(|_| value)
 }
 
-/// Whether a state admits the units asked of it, and if not, how long until it would.
+/// Whether a state admits the units asked of it, and if not, how long until it would: zero
+/// when it admits, at least a microsecond when not (made by [`ADMIT`](Self::ADMIT) and
+/// [`wait`](Self::wait) only, which hold it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Admission {
     pub admits: bool,
@@ -242,8 +245,11 @@ pub(crate) struct Admission {
 impl Admission {
     pub const ADMIT: Admission = Admission { admits: true, retry_after: 0 };
 
+    /// A refusal for `micros`. Every algorithm's wait is positive (its state refreshed, the
+    /// moment it would admit lies ahead); at least one microsecond is kept all the same, as a
+    /// refusal reported with no wait would read as an admission.
     pub fn wait(micros: i64) -> Admission {
-        Admission { admits: false, retry_after: micros }
+        Admission { admits: false, retry_after: micros.max(1) }
     }
 }
 

@@ -91,7 +91,8 @@ impl Algorithm for SlidingWindowCounter {
     }
 
     fn decide(&self, s: &State, now: i64, probe: u64) -> Admission {
-        if self.admits_at(s, now, probe) {
+        // Refreshed to `now` (as every state is before it decides): no roll to make first.
+        if self.estimate(s, now) + probe as f64 <= self.limit as f64 {
             return Admission::ADMIT;
         }
         // Solve the estimate for the first admitting instant: within this window while the
