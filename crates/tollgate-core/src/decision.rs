@@ -324,12 +324,12 @@ impl Decision {
         let since = u64::try_from(since.as_micros()).unwrap_or(u64::MAX);
         let mut decision = Decision::building();
         let before = self.rows();
-        for ((row, was), rule) in
-            decision.start_rows(before.len()).iter_mut().zip(before).zip(rules.compiled())
-        {
+        for (at, (row, was)) in decision.start_rows(before.len()).iter_mut().zip(before).enumerate() {
+            // Every row is made again, with or without its rule: a refusal stays one.
+            let limit = rules.compiled().get(at).map_or(u64::MAX, |rule| rule.capacity);
             *row = Row::decided(was.allowed(), was.retry_after_micros.saturating_sub(since));
             row.report(
-                was.remaining.saturating_add(units).min(rule.capacity),
+                was.remaining.saturating_add(units).min(limit),
                 was.reset_after_micros.saturating_sub(since),
             );
         }
