@@ -116,7 +116,8 @@ pub struct ConnectionSettings {
     /// round trip even on a poor mobile link, yet a client trickling one must not hold a
     /// connection for minutes.
     pub header_timeout: Duration,
-    /// Longest wait for a request's whole body, from its head. Default 30 s: the API's bodies
+    /// Longest wait for a request's whole body, from the server's first wait for its bytes
+    /// (right after the head: handlers read the body at once). Default 30 s: the API's bodies
     /// are at most 64 KiB, a second's upload on slow links; the proxy streams uploads of any
     /// size, so raise it there for large ones.
     pub body_timeout: Duration,

@@ -226,22 +226,31 @@ fn ietf_headers(headers: &mut HeaderMap, rules: &RuleSet, decision: &Decision, f
             }
         }
     }
-    // An unnamed rule's item (`"sliding_window_counter.4";r=<13 digits>;t=<11 digits>, `) fits
-    // in 64 bytes: sized once, not grown on the way.
-    let mut state = String::with_capacity(64 * rules.len());
-    for (index, (rule, outcome)) in rules.rules().zip(decision.outcomes(rules)).enumerate() {
-        if index > 0 {
-            state.push_str(", ");
+    // Written into a buffer the thread keeps, then copied into a value of exactly its length:
+    // one allocation. A `String` made into a value directly costs two when its capacity is not
+    // its length (the bytes and `Bytes`' shared counter), and three when it grew on the way.
+    STATE_BUFFER.with_borrow_mut(|state| {
+        state.clear();
+        for (index, (rule, outcome)) in rules.rules().zip(decision.outcomes(rules)).enumerate() {
+            if index > 0 {
+                state.push_str(", ");
+            }
+            write_rule_name(state, rule, index);
+            state.push_str(";r=");
+            state.push_str(itoa::Buffer::new().format(outcome.remaining()));
+            state.push_str(";t=");
+            state.push_str(itoa::Buffer::new().format(ceil_secs(outcome.reset_after())));
         }
-        write_rule_name(&mut state, rule, index);
-        state.push_str(";r=");
-        state.push_str(itoa::Buffer::new().format(outcome.remaining()));
-        state.push_str(";t=");
-        state.push_str(itoa::Buffer::new().format(ceil_secs(outcome.reset_after())));
-    }
-    if let Ok(state) = HeaderValue::try_from(state) {
-        headers.insert(STATE, state);
-    }
+        if let Ok(value) = HeaderValue::from_bytes(state.as_bytes()) {
+            headers.insert(STATE, value);
+        }
+    });
+}
+
+thread_local! {
+    // Bounded by a rule set's bounds: at most 32 rules of names of at most 128 bytes (256
+    // escaped), about 10 KiB at the very worst.
+    static STATE_BUFFER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
 }
 
 /// Writes the headers of `set` describing `decision` under `rules` into `headers`; `denied`
@@ -390,6 +399,24 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(names(HeaderSet::All), all);
+    }
+
+    #[test]
+    fn the_state_buffer_starts_empty_for_each_answer() {
+        let backend = MemoryBackend::with_clock(ManualClock::at_wall_clock_second());
+        let state = |rules: &RuleSet| {
+            let d = backend.execute_now("k", rules, Operation::Check { cost: 1 }).unwrap();
+            let mut h = HeaderMap::new();
+            rate_limit_headers(&mut h, rules, &d, ResetHeader::Delta, HeaderSet::Ietf, false, None);
+            h["ratelimit"].to_str().unwrap().to_owned()
+        };
+        let long = "\"".repeat(tollgate_core::limits::MAX_NAME_BYTES);
+        let long_rules = RuleSet::new([Rule::fixed_window(5, Period::SECOND).named(long)]).unwrap();
+        let short = RuleSet::new([Rule::fixed_window(3, Period::SECOND).named("s")]).unwrap();
+        assert_eq!(state(&short), r#""s";r=2;t=1"#);
+        let escaped = "\\\"".repeat(tollgate_core::limits::MAX_NAME_BYTES);
+        assert_eq!(state(&long_rules), format!("\"{escaped}\";r=4;t=1"));
+        assert_eq!(state(&short), r#""s";r=1;t=1"#);
     }
 
     #[test]

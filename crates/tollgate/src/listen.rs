@@ -564,11 +564,8 @@ where
     }
     parts.extensions.insert(ConnectInfo(peer));
     let timed_out = Arc::new(AtomicBool::new(false));
-    let body = Deadline {
-        inner: body,
-        sleep: Box::pin(tokio::time::sleep(limits.body_timeout)),
-        timed_out: timed_out.clone(),
-    };
+    let body =
+        Deadline { inner: body, timeout: limits.body_timeout, sleep: None, timed_out: timed_out.clone() };
     let response = app(Request::from_parts(parts, Body::new(body))).await?;
     if timed_out.load(Ordering::Acquire) {
         return Ok(guard.wrap(request_timeout(limits.body_timeout)));
@@ -650,11 +647,15 @@ impl HttpBody for Tracked {
 struct BodyTimeout;
 
 pin_project_lite::pin_project! {
-    /// A request body that fails once its deadline passes.
+    /// A request body that fails `timeout` after it was first found waiting for bytes: the
+    /// deadline is set then, once, and not moved by the bytes that arrive after. A body that is
+    /// whole when it is first read (nearly every API call's) never starts a timer: no clock
+    /// read, no timer entry, no allocation.
     struct Deadline {
         #[pin]
         inner: Incoming,
-        sleep: Pin<Box<Sleep>>,
+        timeout: Duration,
+        sleep: Option<Pin<Box<Sleep>>>,
         timed_out: Arc<AtomicBool>,
     }
 }
@@ -671,7 +672,9 @@ impl HttpBody for Deadline {
         if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
             return Poll::Ready(frame.map(|f| f.map_err(axum::BoxError::from)));
         }
-        ready!(this.sleep.as_mut().poll(cx));
+        let timeout = *this.timeout;
+        let sleep = this.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        ready!(sleep.as_mut().poll(cx));
         this.timed_out.store(true, Ordering::Release);
         Poll::Ready(Some(Err(BodyTimeout.into())))
     }
