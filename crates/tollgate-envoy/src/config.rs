@@ -25,6 +25,7 @@ use prost::Message as _;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_yaml_ng::Value;
+use smallvec::SmallVec;
 use tollgate_core::{Period, Rule, RuleSet};
 use tollgate_limiter::Policy;
 
@@ -1161,12 +1162,16 @@ pub struct Match<'a> {
     /// The node of the last entry.
     pub node: &'a Node,
     /// Per entry: `Some(pattern)` when the entry matched a `share_threshold` wildcard.
-    pub shared: Vec<Option<&'a str>>,
+    pub shared: Shared<'a>,
     /// Upstream's stat key path below the domain (`path_/login`, `user.tier_gold`): per level
     /// the matched descriptor's `key_value` (a wildcard's pattern), or its `key` alone, with
     /// the request's value where `value_to_metric` asks for it (upstream's `GetLimit`).
     pub stat_path: String,
 }
+
+/// Per entry of a descriptor, the wildcard it is counted under (inline for the usual one or
+/// two entries: this is made for every descriptor of every request).
+pub type Shared<'a> = SmallVec<[Option<&'a str>; 2]>;
 
 /// The child of `node` an entry leads to: its exact `key_value`, else the first wildcard that
 /// matches it, else its key alone. The wildcard's `key_value` when one matched.
@@ -1193,12 +1198,12 @@ fn step<'a>(
 /// The node a request descriptor's entries lead to, level by level (exact, first wildcard, key
 /// alone); `None` when an entry matches nothing, when the request is deeper than the
 /// configuration, or when it has no entries.
-pub fn find<'a>(root: &'a Node, entries: &[(String, String)]) -> Option<Match<'a>> {
+pub fn find<'a>(root: &'a Node, entries: &[(&str, &str)]) -> Option<Match<'a>> {
     let mut node = root;
-    let mut shared = vec![None; entries.len()];
+    let mut shared: Shared<'a> = smallvec::smallvec![None; entries.len()];
     let mut stat_path = String::new();
     let mut joined = String::new();
-    for (i, (key, value)) in entries.iter().enumerate() {
+    for (i, &(key, value)) in entries.iter().enumerate() {
         let (next, wildcard) = step(node, key, value, &mut joined)?;
         let prefix = &joined[..key.len() + 1];
         if let Some(joined) = wildcard.filter(|_| next.share_threshold) {
@@ -1208,11 +1213,11 @@ pub fn find<'a>(root: &'a Node, entries: &[(String, String)]) -> Option<Match<'a
         // The value this level puts in the stat key path, as upstream chooses it.
         let stat_value = match wildcard {
             Some(_) if shared[i].is_some() => shared[i].unwrap_or_default(),
-            Some(_) if next.value_to_metric => value.as_str(),
+            Some(_) if next.value_to_metric => value,
             Some(joined) => joined.strip_prefix(prefix).unwrap_or(joined),
             // Matched by `key_value` (a descriptor with a value, or a key holding the join).
-            None if next.value.is_some() || next.key != *key => value.as_str(),
-            None if next.value_to_metric => value.as_str(),
+            None if next.value.is_some() || next.key != key => value,
+            None if next.value_to_metric => value,
             None => "",
         };
         if i > 0 {
@@ -1266,12 +1271,8 @@ descriptors:
       - {unit: minute, requests_per_unit: 100, algorithm: gcra, burst: 20}
 "#;
 
-    fn entries(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
-    }
-
     fn limits(d: &Domain, pairs: &[(&str, &str)]) -> Option<Vec<u32>> {
-        find(&d.root, &entries(pairs)).map(|m| m.node.limits.iter().map(|l| l.requests_per_unit).collect())
+        find(&d.root, pairs).map(|m| m.node.limits.iter().map(|l| l.requests_per_unit).collect())
     }
 
     #[test]
@@ -1321,16 +1322,16 @@ descriptors:
             "s.yaml",
         )
         .unwrap();
-        let m = find(&d.root, &entries(&[("files", "files/a.pdf")])).unwrap();
-        assert_eq!(m.shared, [Some("files/*")]);
-        let m = find(&d.root, &entries(&[("other", "o1")])).unwrap();
-        assert_eq!(m.shared, [None], "without share_threshold each value counts apart");
+        let m = find(&d.root, &[("files", "files/a.pdf")]).unwrap();
+        assert_eq!(m.shared[..], [Some("files/*")]);
+        let m = find(&d.root, &[("other", "o1")]).unwrap();
+        assert_eq!(m.shared[..], [None], "without share_threshold each value counts apart");
     }
 
     #[test]
     fn extensions_build_the_engine_rules() {
         let d = Domain::from_yaml(UPSTREAM, "t.yaml").unwrap();
-        let node = find(&d.root, &entries(&[("tenant", "acme")])).unwrap().node;
+        let node = find(&d.root, &[("tenant", "acme")]).unwrap().node;
         let rules: Vec<_> = node.limits.iter().map(|l| l.kind.clone()).collect();
         assert_eq!(
             rules,
@@ -1339,9 +1340,9 @@ descriptors:
                 LimitKind::Rule(Rule::gcra(100, Period::MINUTE, 20))
             ]
         );
-        let health = find(&d.root, &entries(&[("path", "/health")])).unwrap().node;
+        let health = find(&d.root, &[("path", "/health")]).unwrap().node;
         assert_eq!(health.limits[0].kind, LimitKind::Unlimited);
-        let free = find(&d.root, &entries(&[("user", "u"), ("plan", "free")])).unwrap().node;
+        let free = find(&d.root, &[("user", "u"), ("plan", "free")]).unwrap().node;
         assert!(free.shadow_mode, "yes is true, as yaml.v2 reads it");
         assert_eq!(free.limits[0].replaces, ["login"]);
     }
@@ -1354,7 +1355,7 @@ descriptors:
         )
         .unwrap();
         assert_eq!(d.name, "42");
-        assert!(find(&d.root, &entries(&[("code", "007")])).is_some(), "007 stays 007");
+        assert!(find(&d.root, &[("code", "007")]).is_some(), "007 stays 007");
     }
 
     #[test]
@@ -1364,7 +1365,7 @@ descriptors:
             "m.yaml",
         )
         .unwrap();
-        let node = find(&d.root, &entries(&[("k", "v")])).unwrap().node;
+        let node = find(&d.root, &[("k", "v")]).unwrap().node;
         let m = node.metadata.as_ref().unwrap();
         let kind = |k: &str| m.fields[k].kind.clone().unwrap();
         assert_eq!(kind("n"), Kind::NumberValue(3.0), "numbers are doubles, as structpb holds them");
@@ -1377,7 +1378,7 @@ descriptors:
         assert_eq!(kind("7"), Kind::StringValue("seven".into()), "a key as its text");
         let Kind::ListValue(list) = kind("l") else { panic!("a list") };
         assert_eq!(list.values.len(), 2);
-        assert!(find(&d.root, &entries(&[("empty", "v")])).unwrap().node.metadata.is_none());
+        assert!(find(&d.root, &[("empty", "v")]).unwrap().node.metadata.is_none());
     }
 
     #[test]

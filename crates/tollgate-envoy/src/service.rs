@@ -27,7 +27,7 @@ use tollgate_limiter::keyspace::envoy_key;
 use tollgate_limiter::{Check, LimitError, Limiter, Mode, Policy, Reserve, Verdict};
 use tonic::{Request, Response, Status};
 
-use crate::config::{Domain, Limit, LimitKind, Node, Unit, find};
+use crate::config::{Domain, Limit, LimitKind, Node, Shared, Unit, find};
 use crate::stats::{DEFAULT_STATS_MAX_KEY_PATHS, Hits, KeyPath, Stats, UpstreamCounts, names};
 
 /// Most descriptors in one request.
@@ -257,9 +257,13 @@ impl EnvoyService {
 /// the heap past it), as a decision would otherwise make several allocations for one.
 type PerDescriptor<T> = SmallVec<[T; 1]>;
 
+/// A descriptor's entries, key and value, borrowed from the request (inline for one or two).
+type Entries<'a> = SmallVec<[(&'a str, &'a str); 2]>;
+
 /// One descriptor of the request, with what applies to it.
 struct Planned<'a> {
-    entries: Vec<(String, String)>,
+    /// The request's entries, borrowed from it.
+    entries: Entries<'a>,
     /// The limits that apply (none: not limited); the request's own override is owned.
     limits: SmallVec<[Cow<'a, Limit>; 1]>,
     unlimited: bool,
@@ -270,7 +274,7 @@ struct Planned<'a> {
     stat_path: String,
     hits: u64,
     /// Per entry, the wildcard its value is counted under (`share_threshold`).
-    shared: Vec<Option<&'a str>>,
+    shared: Shared<'a>,
     /// The matched node's `metadata` (none for a request's own limit, as upstream).
     metadata: Option<&'a Struct>,
     /// The matched node while `limits` are all its own: its policy checks them (made once);
@@ -319,8 +323,8 @@ fn check_request(req: &RateLimitRequest) -> Result<(), Status> {
     Ok(())
 }
 
-fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hits: u64) -> Planned<'a> {
-    let entries: Vec<(String, String)> = d.entries.iter().map(|e| (e.key.clone(), e.value.clone())).collect();
+fn plan_one<'a>(d: &'a RateLimitDescriptor, domain: Option<&'a Domain>, request_hits: u64) -> Planned<'a> {
+    let entries: Entries<'a> = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
     let hits = d.hits_addend.as_ref().map_or(request_hits, |h| h.value);
     let mut planned = Planned {
         limits: SmallVec::new(),
@@ -330,7 +334,7 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
         detailed: false,
         stat_path: String::new(),
         hits,
-        shared: vec![None; entries.len()],
+        shared: smallvec::smallvec![None; entries.len()],
         entries,
         metadata: None,
         whole_node: None,
@@ -355,7 +359,7 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
             replaces: Vec::new(),
         }));
         // Upstream's stat key for a request's own limit: every entry's key_value.
-        planned.stat_path = joined_path(planned.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        planned.stat_path = joined_path(planned.entries.iter().copied());
         return planned;
     }
     if let Some(m) = find(&domain.root, &planned.entries) {
@@ -371,9 +375,9 @@ fn plan_one<'a>(d: &RateLimitDescriptor, domain: Option<&'a Domain>, request_hit
                 planned.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect::<Vec<_>>().join(".")
             }
             // With a shared threshold, its pattern for its own entries.
-            true => joined_path(
-                planned.entries.iter().zip(&m.shared).map(|((k, v), s)| (k.as_str(), s.unwrap_or(v))),
-            ),
+            true => {
+                joined_path(planned.entries.iter().zip(&m.shared).map(|(&(k, v), s)| (k, s.unwrap_or(v))))
+            }
             false => m.stat_path,
         };
         planned.shared = m.shared;
@@ -466,7 +470,7 @@ struct Sorted<'p, 'a> {
 
 /// Each descriptor of `req` with the limits of `domain` that apply to it (less those another
 /// matched limit replaces).
-fn plan<'a>(req: &RateLimitRequest, domain: Option<&'a Domain>) -> PerDescriptor<Planned<'a>> {
+fn plan<'a>(req: &'a RateLimitRequest, domain: Option<&'a Domain>) -> PerDescriptor<Planned<'a>> {
     // hits_addend 0 means "not set": one hit, as upstream.
     let request_hits = if req.hits_addend == 0 { 1 } else { u64::from(req.hits_addend) };
     let mut planned: PerDescriptor<Planned<'a>> =
@@ -533,12 +537,8 @@ impl<'p, 'a> Item<'p, 'a> {
         };
         // Values sharing a threshold are counted under their wildcard.
         let key = if p.shared.iter().any(Option::is_some) {
-            let entries: Vec<(String, String)> = p
-                .entries
-                .iter()
-                .zip(&p.shared)
-                .map(|((k, v), s)| (k.clone(), s.map_or_else(|| v.clone(), str::to_owned)))
-                .collect();
+            let entries: Entries<'_> =
+                p.entries.iter().zip(&p.shared).map(|(&(k, v), s)| (k, s.unwrap_or(v))).collect();
             envoy_key(domain, &entries)
         } else {
             envoy_key(domain, &p.entries)
@@ -878,20 +878,21 @@ mod tests {
 
     #[test]
     fn keys_cannot_collide_through_separators() {
-        let a = envoy_key("d", &[("k".into(), "a|x=b".into())]);
-        let b = envoy_key("d", &[("k".into(), "a".into()), ("x".into(), "b".into())]);
+        let a = envoy_key("d", &[("k", "a|x=b")]);
+        let b = envoy_key("d", &[("k", "a"), ("x", "b")]);
         assert_ne!(a, b);
         assert_eq!(b, "envoy:d|k=a|x=b");
     }
 
     #[test]
     fn long_keys_are_hashed_within_the_bound() {
-        let entries: Vec<(String, String)> = (0..16).map(|i| (format!("k{i}"), "v".repeat(256))).collect();
+        let owned: Vec<(String, String)> = (0..16).map(|i| (format!("k{i}"), "v".repeat(256))).collect();
+        let mut entries: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let key = envoy_key("d", &entries);
         assert!(key.len() <= tollgate_core::limits::MAX_KEY_BYTES && key.starts_with("envoy#"), "{key}");
-        let mut other = entries.clone();
-        other[15].1.push('!');
-        assert_ne!(key, envoy_key("d", &other));
+        let longer = format!("{}!", entries[15].1);
+        entries[15].1 = &longer;
+        assert_ne!(key, envoy_key("d", &entries));
     }
 
     #[test]

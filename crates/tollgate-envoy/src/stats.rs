@@ -152,7 +152,7 @@ pub(crate) struct Hits {
 pub(crate) struct KeyPath<'a> {
     pub domain: &'a str,
     /// The request's entries, key and value.
-    pub entries: &'a [(String, String)],
+    pub entries: &'a [(&'a str, &'a str)],
     /// `detailed_metric`: the values are part of Tollgate's `descriptor` label.
     pub detailed: bool,
     /// Upstream's stat key path.

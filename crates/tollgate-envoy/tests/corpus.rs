@@ -97,13 +97,8 @@ fn the_corpus_is_read_as_upstream_reads_it() {
         for line in lines(&yaml.with_extension("cases")) {
             let (request, expected) =
                 line.split_once(" -> ").unwrap_or_else(|| panic!("{name}: bad case {line:?}"));
-            let entries: Vec<(String, String)> = request
-                .split(',')
-                .map(|pair| {
-                    let (k, v) = pair.split_once('=').unwrap();
-                    (k.to_owned(), v.to_owned())
-                })
-                .collect();
+            let entries: Vec<(&str, &str)> =
+                request.split(',').map(|pair| pair.split_once('=').unwrap()).collect();
             let got = describe(find(&domain.root, &entries));
             if got != expected.trim() {
                 failures.push(format!("{name}: {request} -> {got}, expected {expected}"));

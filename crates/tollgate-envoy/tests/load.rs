@@ -64,7 +64,7 @@ fn one_domain_in_two_files_is_refused_unless_merged() {
     assert_eq!(names(&config), ["shared"]);
     let root = &config.domains[0].root;
     for (key, n) in [("k1", 10), ("k2", 20)] {
-        let m = find(root, &[(key.to_owned(), "v".to_owned())]).unwrap();
+        let m = find(root, &[(key, "v")]).unwrap();
         assert_eq!(m.node.limits[0].requests_per_unit, n);
     }
 
