@@ -21,6 +21,14 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+/// mimalloc (its v2 line), not the system's malloc: a request through hyper and h2 makes dozens
+/// of small allocations, on which glibc spent a fifth of a request's instructions; under mimalloc
+/// every path measured took less server CPU a request (docs/benchmarks.md, "mimalloc, its v2
+/// line"). `--no-default-features` builds with the system's malloc.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The version and the commit it was built from (build.rs; "unknown" outside a git checkout).
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("TOLLGATE_COMMIT"), ")");
 
