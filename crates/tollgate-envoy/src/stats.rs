@@ -8,10 +8,12 @@
 //! the metric's key, hashing it, finding it in the registry) cost more than the rest of a
 //! descriptor's answer, on every request.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
 use metrics::Counter;
+use thread_local::ThreadLocal;
 
 /// Metric names, upstream's where they exist, by `domain` and `descriptor` (the entry keys, or
 /// keys and values for `detailed_metric` descriptors).
@@ -163,14 +165,30 @@ pub(crate) struct KeyPath<'a> {
 #[derive(Debug)]
 pub(crate) struct Stats {
     max: usize,
-    legacy: RwLock<Family>,
-    upstream: RwLock<Family>,
+    legacy: Family,
+    upstream: Family,
 }
 
 /// One family's series: those admitted under the bound, by their id, and the overflow series
-/// of each domain.
+/// of each domain; and each thread's copy of the admitted ones it has counted.
 #[derive(Debug, Default)]
 struct Family {
+    shared: RwLock<Shared>,
+    /// Read on every count instead of `shared`: taking a read lock and cloning the series'
+    /// `Arc` are writes to lines every thread writes. Holds admitted series only (at most
+    /// `max` a thread), which are never taken back.
+    seen: ThreadLocal<Seen>,
+}
+
+/// A thread's admitted series, on cache lines of its own: `ThreadLocal` keeps threads' values
+/// side by side, and each lookup writes the `RefCell`'s borrow flag.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Seen(RefCell<HashMap<String, Arc<Series>, foldhash::fast::RandomState>>);
+
+/// What every thread shares of a family.
+#[derive(Debug, Default)]
+struct Shared {
     admitted: HashMap<String, Arc<Series>>,
     overflow: HashMap<String, Arc<Series>>,
 }
@@ -213,31 +231,33 @@ const UPSTREAM: [&str; 5] = [
 impl Stats {
     /// At most `max` label sets per family.
     pub(crate) fn new(max: usize) -> Self {
-        Stats { max, legacy: RwLock::default(), upstream: RwLock::default() }
+        Stats { max, legacy: Family::default(), upstream: Family::default() }
     }
 
     /// Counts a limited descriptor's hits in both families: Tollgate's every hit, then
     /// shadow-mode, over, near or within; upstream's as [`UpstreamCounts`] splits them.
     pub(crate) fn count(&self, path: KeyPath<'_>, hits: Hits, c: &UpstreamCounts) {
-        let legacy = self.legacy_series(path);
-        legacy.increment(0, hits.hits);
         let family = match (hits.over, hits.shadow) {
             (true, true) => 1,
             (true, false) => 2,
             (false, _) if hits.near => 3,
             (false, _) => 4,
         };
-        legacy.increment(family, hits.hits);
-        let series = self.upstream_series(path);
-        for (family, by) in [hits.hits, c.over, c.near, c.within, c.shadow].into_iter().enumerate() {
-            // Every family of a key path is registered, as upstream creates them together.
-            series.increment(family, by);
-        }
+        self.legacy_series(path, |legacy| {
+            legacy.increment(0, hits.hits);
+            legacy.increment(family, hits.hits);
+        });
+        self.upstream_series(path, |series| {
+            for (family, by) in [hits.hits, c.over, c.near, c.within, c.shadow].into_iter().enumerate() {
+                // Every family of a key path is registered, as upstream creates them together.
+                series.increment(family, by);
+            }
+        });
     }
 
     /// Tollgate's series of `path`: labelled `domain` and `descriptor` (the entry keys, or
     /// `key_value`s when detailed, joined by `.`).
-    fn legacy_series(&self, path: KeyPath<'_>) -> Arc<Series> {
+    fn legacy_series(&self, path: KeyPath<'_>, f: impl FnOnce(&Series)) {
         let domain = path.domain;
         with_id(|id| {
             id.push_str(domain);
@@ -255,14 +275,14 @@ impl Stats {
             let label = &id[domain.len() + 1..];
             let labels = || vec![("domain", domain.to_owned()), ("descriptor", label.to_owned())];
             let overflow = || vec![("domain", domain.to_owned()), ("descriptor", OVERFLOW_KEY.to_owned())];
-            self.series(&self.legacy, id, domain, labels, overflow, &LEGACY)
+            self.series(&self.legacy, id, domain, labels, overflow, &LEGACY, f)
         })
     }
 
     /// Upstream's series of `path`: [`upstream_labels`] of its stat key path. Known by the
     /// path before sanitising (two paths that sanitise alike share one series, each taking a
     /// place under the bound).
-    fn upstream_series(&self, path: KeyPath<'_>) -> Arc<Series> {
+    fn upstream_series(&self, path: KeyPath<'_>, f: impl FnOnce(&Series)) {
         let domain = path.domain;
         with_id(|id| {
             id.push_str(domain);
@@ -275,37 +295,62 @@ impl Stats {
                 labels.push(("key1", OVERFLOW_KEY.to_owned()));
                 labels
             };
-            self.series(&self.upstream, id, domain, labels, overflow, &UPSTREAM)
+            self.series(&self.upstream, id, domain, labels, overflow, &UPSTREAM, f)
         })
     }
 
-    /// The series of `id` in `family`: known, or new while there is room, or else the
-    /// domain's overflow series.
+    /// Calls `f` with the series of `id` in `family`: known, or new while there is room, or
+    /// else the domain's overflow series.
+    #[allow(clippy::too_many_arguments)]
     fn series(
         &self,
-        family: &RwLock<Family>,
+        family: &Family,
         id: &str,
         domain: &str,
         labels: impl FnOnce() -> Vec<(&'static str, String)>,
         overflow: impl FnOnce() -> Vec<(&'static str, String)>,
         names: &'static [&'static str; 5],
-    ) -> Arc<Series> {
-        // Known label sets, the usual case, only read.
-        if let Some(series) = family.read().unwrap_or_else(PoisonError::into_inner).admitted.get(id) {
-            return Arc::clone(series);
+        f: impl FnOnce(&Series),
+    ) {
+        // Known label sets, the usual case, only read, and from this thread's own map.
+        let seen = family.seen.get_or_default();
+        if let Some(series) = seen.0.try_borrow().ok().as_ref().and_then(|seen| seen.get(id)) {
+            return f(series);
         }
-        let mut family = family.write().unwrap_or_else(PoisonError::into_inner);
-        let family = &mut *family;
-        if let Some(series) = family.admitted.get(id) {
-            return Arc::clone(series);
+        let (series, admitted) = self.shared_series(&family.shared, id, domain, labels, overflow, names);
+        if admitted && let Ok(mut seen) = seen.0.try_borrow_mut() {
+            seen.insert(id.to_owned(), Arc::clone(&series));
         }
-        if family.admitted.len() < self.max {
+        f(&series);
+    }
+
+    /// The series of `id` from the map every thread shares, and whether it is `id`'s own.
+    fn shared_series(
+        &self,
+        shared: &RwLock<Shared>,
+        id: &str,
+        domain: &str,
+        labels: impl FnOnce() -> Vec<(&'static str, String)>,
+        overflow: impl FnOnce() -> Vec<(&'static str, String)>,
+        names: &'static [&'static str; 5],
+    ) -> (Arc<Series>, bool) {
+        if let Some(series) = shared.read().unwrap_or_else(PoisonError::into_inner).admitted.get(id) {
+            return (Arc::clone(series), true);
+        }
+        let mut shared = shared.write().unwrap_or_else(PoisonError::into_inner);
+        let shared = &mut *shared;
+        if let Some(series) = shared.admitted.get(id) {
+            return (Arc::clone(series), true);
+        }
+        if shared.admitted.len() < self.max {
             let series = Series::new(labels(), names);
-            family.admitted.insert(id.to_owned(), Arc::clone(&series));
-            return series;
+            shared.admitted.insert(id.to_owned(), Arc::clone(&series));
+            return (series, true);
         }
         // Domains are the configuration's (an unknown one limits nothing), so these are few.
-        Arc::clone(family.overflow.entry(domain.to_owned()).or_insert_with(|| Series::new(overflow(), names)))
+        let series =
+            shared.overflow.entry(domain.to_owned()).or_insert_with(|| Series::new(overflow(), names));
+        (Arc::clone(series), false)
     }
 }
 
@@ -355,6 +400,34 @@ mod tests {
                 ("key2", "tier_gold".to_owned())
             ]
         );
+    }
+
+    #[test]
+    fn threads_keep_admitted_series_only() {
+        let stats = Stats::new(1);
+        let hits = Hits { hits: 1, shadow: false, over: false, near: false };
+        let path = |entries| KeyPath { domain: "edge", entries, detailed: true, stat_path: "user" };
+        let (a, b) = ([("user", "a")], [("user", "b")]);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..3 {
+                        stats.count(path(&a), hits, &UpstreamCounts::default());
+                        stats.count(path(&b), hits, &UpstreamCounts::default());
+                    }
+                });
+            }
+        });
+        let mut stats = stats;
+        let shared = stats.legacy.shared.get_mut().unwrap();
+        assert_eq!(shared.admitted.keys().collect::<Vec<_>>(), ["edge\nuser_a"]);
+        assert_eq!(shared.overflow.keys().collect::<Vec<_>>(), ["edge"]);
+        let seen: Vec<Vec<String>> =
+            stats.legacy.seen.iter_mut().map(|seen| seen.0.get_mut().keys().cloned().collect()).collect();
+        // b's hits went to the overflow series, which no thread keeps: a stranger's label sets
+        // past the bound cost no thread any memory.
+        // (One map or two: a thread that ends hands its slot to the next.)
+        assert!(!seen.is_empty() && seen.iter().all(|keys| keys == &["edge\nuser_a"]), "{seen:?}");
     }
 
     #[test]

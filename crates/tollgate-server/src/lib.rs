@@ -16,7 +16,8 @@
 //!
 //! Every module is private: the crate's surface is [`router`] (or [`router_with`], to serve
 //! more routes, such as Envoy's `/json`, under the same limits and error answers), [`AppState`]
-//! and [`prometheus`].
+//! and [`prometheus`] (with [`per_thread`], the recorder layer it installs, and the [`Metrics`]
+//! handle that renders the scrape).
 
 mod admin;
 mod api;
@@ -29,6 +30,7 @@ mod explain;
 mod live;
 mod openapi;
 mod ops;
+mod recorder;
 mod state;
 
 use axum::Router;
@@ -41,6 +43,7 @@ use tollgate_http::extract::MAX_BODY_BYTES;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
+pub use recorder::{Metrics, PerThread, per_thread};
 pub use state::{AppState, prometheus};
 
 async fn not_found(uri: Uri) -> Problem {

@@ -5,10 +5,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tollgate_config::Config;
 use tollgate_limiter::{Limiter, Policy};
 use tollgate_store::{ConsumerLimit, Store};
+
+use crate::recorder::{self, Metrics};
 
 /// The enabled policies of the database, by name, as last loaded.
 pub(crate) type StoredPolicies = BTreeMap<String, Arc<Policy>>;
@@ -31,7 +33,7 @@ pub struct AppState(Arc<Parts>);
 pub struct Parts {
     pub(crate) limiter: Limiter,
     pub(crate) config: Arc<ArcSwap<Config>>,
-    pub(crate) metrics: Option<PrometheusHandle>,
+    pub(crate) metrics: Option<Metrics>,
     pub(crate) store: Option<Store>,
     pub(crate) stored: Arc<ArcSwap<StoredPolicies>>,
     pub(crate) consumers: Arc<ArcSwap<StoredConsumers>>,
@@ -55,23 +57,28 @@ impl std::fmt::Debug for AppState {
     }
 }
 
-/// Installs the process-wide Prometheus recorder once; later calls get the same handle (or None
-/// if another recorder was installed first). Call it before building the limiter so the
-/// metrics it records at startup are kept.
-pub fn prometheus() -> Option<PrometheusHandle> {
-    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+/// Installs the process-wide Prometheus recorder once, behind the per-thread layer of
+/// [`Metrics`], and starts its upkeep; later calls get the same handle (or None if another
+/// recorder was installed first). Call it before building the limiter so the metrics it
+/// records at startup are kept.
+pub fn prometheus() -> Option<Metrics> {
+    static HANDLE: OnceLock<Option<Metrics>> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
             let buckets =
                 [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
-            PrometheusBuilder::new()
+            let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     Matcher::Full(tollgate_limiter::metrics::BACKEND_SECONDS.into()),
                     &buckets,
                 )
                 .ok()?
-                .install_recorder()
-                .ok()
+                .build_recorder();
+            let handle = recorder.handle();
+            let (recorder, metrics) = recorder::per_thread(recorder, handle);
+            metrics::set_global_recorder(recorder).ok()?;
+            metrics.start_upkeep();
+            Some(metrics)
         })
         .clone()
 }
