@@ -7,8 +7,8 @@
 //! counting decisions move its cache line between them on every write. Here each thread counts
 //! in a block of slots of its own, one slot a counter, and keeps its histogram samples in a
 //! buffer of its own; a scrape ([`Metrics::render`]) first sums the slots into the Prometheus
-//! counters and hands the buffered samples over, and so does the upkeep every
-//! [`UPKEEP_EVERY`]. A buffer that fills ([`SAMPLES_PER_THREAD`]) is handed over by its
+//! counters and hands the buffered samples over; the upkeep hands the samples over every
+//! [`UPKEEP_EVERY`] (counters need no upkeep: only a scrape reads them). A buffer that fills ([`SAMPLES_PER_THREAD`]) is handed over by its
 //! thread. Gauges are set rarely and go straight through.
 //!
 //! A thread's slots are its own allocations, not entries beside other threads' in one array
@@ -55,14 +55,15 @@ pub struct Metrics {
 impl Metrics {
     /// The Prometheus text exposition of every metric, as of now.
     pub fn render(&self) -> String {
-        self.shards.flush();
+        self.shards.sum_counters();
+        self.shards.hand_over_samples();
         self.prometheus.render()
     }
 
     /// Hands the buffered samples over and folds them into Prometheus's histograms, as the
     /// upkeep thread does every [`UPKEEP_EVERY`].
     pub fn upkeep(&self) {
-        self.shards.flush();
+        self.shards.hand_over_samples();
         self.prometheus.run_upkeep();
     }
 
@@ -113,12 +114,15 @@ struct Shards {
 }
 
 impl Shards {
-    /// Sums every counter's slots into its Prometheus counter, and hands over every buffered
-    /// sample.
-    fn flush(&self) {
+    /// Sums every counter's slots into its Prometheus counter.
+    fn sum_counters(&self) {
         for counts in read(&self.counters).values() {
             counts.exported.absolute(counts.total());
         }
+    }
+
+    /// Hands every buffered sample to Prometheus's histograms.
+    fn hand_over_samples(&self) {
         for samples in read(&self.histograms).values() {
             for buffer in samples.buffers.iter() {
                 // Taken under the lock, handed over after it: the thread records on meanwhile.
@@ -235,7 +239,7 @@ impl Samples {
 
 impl HistogramFn for Samples {
     fn record(&self, value: f64) {
-        // Locked by this thread alone but for a flush.
+        // Locked by this thread alone but when the samples are handed over.
         let mut buffer = self.buffers.get_or_default().0.lock().unwrap_or_else(PoisonError::into_inner);
         buffer.push(value);
         if buffer.len() >= SAMPLES_PER_THREAD {
